@@ -1,0 +1,33 @@
+# tinymoe: `make test` runs the tests, `make cpu` the CPU-scale comparison, `make paper` the GPU one.
+# Each installs what it needs first. Finished runs (out/<config>-s<seed>/latest.pt) are skipped.
+PYTHON ?= python
+SEEDS ?= 1 2 3
+TINYSTORIES ?= ../shared/data/tinystories_train_head.txt
+
+runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/latest.pt))
+CPU_RUNS := $(call runs,cpu_moe cpu_dense_active cpu_dense_total)
+PAPER_RUNS := $(call runs,moe dense_active dense_total)
+# out/cpu_dense_total-s2/latest.pt -> python train.py config/cpu_dense_total.py --seed=2
+TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*))
+
+.PHONY: setup test cpu paper
+setup:
+	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
+	$(PYTHON) -m pip install -q -r requirements.txt pytest
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+cpu: setup $(CPU_RUNS)
+paper: setup $(PAPER_RUNS)
+
+data/tinystories_bytes/meta.json:
+	$(PYTHON) prepare.py --input $(TINYSTORIES) --tokenizer bytes --out_dir data/tinystories_bytes
+data/tinystories/meta.json:
+	$(PYTHON) prepare.py --out_dir data/tinystories
+
+$(CPU_RUNS): out/%/latest.pt: | data/tinystories_bytes/meta.json
+	$(TRAIN)
+$(PAPER_RUNS): out/%/latest.pt: | data/tinystories/meta.json
+	$(TRAIN)

@@ -1,0 +1,336 @@
+"""Behaviour tests for train.py and sample.py. Every test makes its own small data; CPU only."""
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+def config(**overrides):
+    """A resolved config through the real configurator, tiny by default."""
+    tiny = dict(vocab_size=257, block_size=16, n_layer=2, n_head=2, d_model=16, moe_hidden=24, ffn='moe')
+    return train.configure([f'--{k}={v!r}' for k, v in {**tiny, **overrides}.items()])
+
+
+def run(*args, cwd=REPO):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def write_stories(path, n, seed=0):
+    """Synthetic stories in the TinyStories release format: a story, then a line <|endoftext|>."""
+    rng = random.Random(seed)
+    names, animals = ['lily', 'tom', 'mia', 'ben', 'sue'], ['cat', 'dog', 'bird', 'fox']
+    places, verbs = ['park', 'garden', 'house', 'forest'], ['play', 'run', 'sing', 'jump']
+    with open(path, 'w', encoding='utf-8') as f:
+        for _ in range(n):
+            name, animal, place, verb = (rng.choice(x) for x in (names, animals, places, verbs))
+            f.write(f'once upon a time, {name} had a {animal}. they liked to {verb} in the {place}.\n\n'
+                    f'one day, the {animal} said, "let us {verb}!" {name} was happy.\n<|endoftext|>\n')
+
+
+# ----------------------------------------------------------------------------- MoE layer
+def reference_moe(moe, x):
+    """The simplest correct MoE: one token at a time, each of its top_k experts, gate-weighted."""
+    probs = (x.float() @ moe.router.weight.float().T).softmax(-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        w, e = probs[t].topk(moe.top_k)
+        w = w / w.sum()
+        for weight, i in zip(w, e.tolist()):
+            out[t] += weight * ((F.silu(x[t] @ moe.gate[i]) * (x[t] @ moe.up[i])) @ moe.down[i])
+    return out
+
+
+@pytest.mark.parametrize('top_k', [1, 2])
+def test_moe_matches_per_token_reference(top_k):
+    torch.manual_seed(0)
+    moe = train.MoE(config(top_k=top_k), resid_std=0.02)
+    with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
+        for p in moe.parameters():
+            p.normal_()
+    x = torch.randn(3, 7, 16)
+    y, aux = moe(x)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y.view(-1, 16), reference_moe(moe, x.view(-1, 16)), rtol=1e-4, atol=1e-4)
+    assert aux['load'].sum().item() == pytest.approx(1.0)
+
+
+def test_one_expert_top1_equals_dense_swiglu():
+    torch.manual_seed(0)
+    moe = train.MoE(config(n_experts=1, top_k=1), resid_std=0.02)
+    dense = train.SwiGLU(16, 24, resid_std=0.02)
+    with torch.no_grad():  # nn.Linear stores (out, in); the stacked experts store (in, out)
+        dense.gate.weight.copy_(moe.gate[0].T)
+        dense.up.weight.copy_(moe.up[0].T)
+        dense.down.weight.copy_(moe.down[0].T)
+    x = torch.randn(2, 5, 16)
+    y, aux = moe(x)
+    torch.testing.assert_close(y, dense(x))
+    assert aux['lb'].item() == pytest.approx(1.0)  # one expert is trivially "balanced"
+
+
+def routed_moe(n_tokens_per_expert, collapse):
+    """A 4-expert top-1 layer with d_model 4 and an identity router, fed one-hot tokens: either cycling
+    through the experts (perfect balance) or all pointing at expert 0 (total collapse)."""
+    moe = train.MoE(config(d_model=4, n_head=1, n_experts=4, top_k=1), resid_std=0.02)
+    with torch.no_grad():
+        moe.router.weight.copy_(torch.eye(4))
+    experts = torch.zeros(4 * n_tokens_per_expert, dtype=torch.long) if collapse else \
+        torch.arange(4).repeat(n_tokens_per_expert)
+    x = 200.0 * F.one_hot(experts, 4).float()  # logits 200 vs 0: probability 1 in fp32
+    return moe, x.unsqueeze(0)
+
+
+def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
+    moe, x = routed_moe(5, collapse=False)
+    _, aux = moe(x)
+    assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
+    torch.testing.assert_close(aux['load'], torch.full((4,), 0.25))
+    moe, x = routed_moe(5, collapse=True)
+    _, aux = moe(x)
+    assert aux['lb'].item() == pytest.approx(4.0, abs=1e-6)
+    torch.testing.assert_close(aux['load'], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+
+
+def test_z_loss_matches_its_formula():
+    torch.manual_seed(1)
+    moe = train.MoE(config(), resid_std=0.02)
+    x = torch.randn(2, 9, 16)
+    _, aux = moe(x)
+    logits = x.view(-1, 16) @ moe.router.weight.T
+    expected = (torch.log(torch.exp(logits).sum(-1)) ** 2).mean()
+    assert aux['z'].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_training_loss_combines_ce_and_mean_aux_over_layers():
+    torch.manual_seed(0)
+    c = config(n_layer=3, aux_loss_coef=0.5, z_loss_coef=0.25)
+    model = train.Transformer(c)
+    idx = torch.randint(0, 257, (2, 16))
+    _, ce, aux = model(idx, idx)
+    layers = aux['layers']
+    assert len(layers) == 3
+    lb = sum(a['lb'] for a in layers) / 3
+    z = sum(a['z'] for a in layers) / 3
+    assert train.training_loss(ce, aux, c).item() == pytest.approx((ce + 0.5 * lb + 0.25 * z).item(), rel=1e-6)
+    c_off = config(aux_loss_coef=0.0, z_loss_coef=0.0)
+    assert train.training_loss(ce, aux, c_off).item() == pytest.approx(ce.item())
+
+
+# ----------------------------------------------------------------------------- model
+def test_rope_rotate_half_is_a_rotation_with_relative_positions():
+    cos, sin = train.rope_cache(8, 32, 10000.0)
+    q, k = torch.randn(8), torch.randn(8)
+    rq = train.apply_rope(q.expand(32, 8), cos, sin)
+    rk = train.apply_rope(k.expand(32, 8), cos, sin)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(32))  # norm preserved
+    # the attention score depends only on the distance between positions
+    assert (rq[5] @ rk[2]).item() == pytest.approx((rq[20] @ rk[17]).item(), rel=1e-4)
+    # rotate-half layout: dimension i pairs with i + head_dim/2 (Hugging Face Llama's convention)
+    x = torch.zeros(8)
+    x[0] = 1.0
+    y = train.apply_rope(x.expand(32, 8), cos, sin)[3]
+    assert set(torch.nonzero(y).flatten().tolist()) <= {0, 4}
+
+
+@pytest.mark.parametrize('ffn', ['dense', 'moe'])
+def test_model_is_causal(ffn):
+    torch.manual_seed(0)
+    model = train.Transformer(config(ffn=ffn, ffn_hidden=32))
+    idx = torch.randint(0, 257, (1, 16))
+    changed = idx.clone()
+    changed[0, 10:] = (changed[0, 10:] + 1) % 257
+    a, _, _ = model(idx)
+    b, _, _ = model(changed)
+    torch.testing.assert_close(a[0, :10], b[0, :10])
+    assert not torch.allclose(a[0, 10:], b[0, 10:])
+
+
+# ----------------------------------------------------------------------------- parameter accounting
+@pytest.mark.parametrize('ffn,tie', [('dense', True), ('dense', False), ('moe', True), ('moe', False)])
+def test_analytic_param_counts_equal_counted_ones(ffn, tie):
+    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2)
+    model = train.Transformer(c)
+    n = train.count_params(c)
+    assert n['total'] == sum(p.numel() for p in model.parameters())
+    assert n['embedding'] == model.embed.weight.numel()
+    assert n['attention'] == sum(p.numel() for name, p in model.named_parameters() if '.attn.' in name)
+    ffn_params = sum(p.numel() for name, p in model.named_parameters() if '.ffn.' in name and 'router' not in name)
+    assert n['ffn'] == ffn_params
+    if ffn == 'moe':
+        assert n['router'] == sum(model.blocks[i].ffn.router.weight.numel() for i in range(2))
+        assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of three experts unused per layer
+    else:
+        assert n['active'] == n['total']
+
+
+@pytest.mark.parametrize('match', ['active', 'total'])
+def test_matcher_lands_within_tolerance_and_refuses_beyond(match):
+    c = config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, ffn_multiple_of=8)
+    target = train.count_params(config(d_model=48, n_layer=4, moe_hidden=96))[match]
+    got = train.count_params(c)['total']
+    assert c.ffn_hidden % 8 == 0
+    assert abs(got - target) / target <= 0.01
+    # the closest multiple: one step either way is no closer
+    per_step = 3 * 48 * 4 * 8
+    assert abs(got - target) <= per_step / 2
+    with pytest.raises(SystemExit):  # a 1-in-a-million tolerance cannot be met with a step of 4,608 params
+        config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, match_tol=1e-6)
+
+
+def test_print_params_ends_with_one_json_line():
+    out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True', '--data_dir=/nonexistent')
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden'):
+        assert key in summary
+    assert summary['total'] == summary['active']
+    assert abs(summary['match_error']) <= 0.01
+
+
+@pytest.mark.parametrize('name,role', [('moe', None), ('dense_active', 'active'), ('dense_total', 'total'),
+                                       ('cpu_moe', None), ('cpu_dense_active', 'active'),
+                                       ('cpu_dense_total', 'total')])
+def test_shipped_configs_meet_the_paper_tolerances(name, role):
+    c = train.configure([f'config/{name}.py'])
+    n = train.count_params(c)
+    moe = train.count_params(train.configure([f'config/{"cpu_" if name.startswith("cpu") else ""}moe.py']))
+    if name == 'moe':  # the paper: 14.77M active, 21.06M total
+        assert abs(n['active'] / 14.77e6 - 1) <= 0.02 and abs(n['total'] / 21.06e6 - 1) <= 0.02
+    if role:
+        assert abs(n['total'] / moe[role] - 1) <= 0.01
+
+
+# ----------------------------------------------------------------------------- configurator
+def test_config_errors_are_one_clear_line(tmp_path):
+    out = run('train.py', 'config/cpu_moe.py', '--learning_rat=0.1')
+    assert out.returncode != 0 and "unknown config key 'learning_rat'" in out.stderr and 'learning_rate' in out.stderr
+    bad = tmp_path / 'bad.py'
+    bad.write_text('n_layers = 3\n')
+    out = run('train.py', str(bad))
+    assert out.returncode != 0 and "'n_layers'" in out.stderr and 'n_layer' in out.stderr
+    out = run('train.py', '--n_layer=2.5')
+    assert out.returncode != 0 and 'n_layer must be int' in out.stderr
+    out = run('train.py', 'config/nope.py')
+    assert out.returncode != 0 and 'not found' in out.stderr
+    for out in (run('train.py', '--n_layer=2.5'), run('train.py', 'config/nope.py')):
+        assert len(out.stderr.strip().splitlines()) == 1 and 'Traceback' not in out.stderr
+
+
+def test_config_types_and_resolution():
+    c = config(learning_rate=1, compile=True, device='cpu')  # an int where a float is expected is fine
+    assert c.learning_rate == 1.0 and type(c.learning_rate) is float
+    assert c.compile is True and c.device == 'cpu'
+    c = train.configure(['config/cpu_dense_total.py', '--seed=3'])
+    assert c.config_name == 'cpu_dense_total' and c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
+    assert c.ffn == 'dense' and c.match == 'total' and c.ffn_hidden > 0
+    with pytest.raises(SystemExit):
+        config(compile='yes')
+
+
+# ----------------------------------------------------------------------------- data
+def test_eval_windows_are_fixed_and_batches_depend_only_on_seed_and_step(tmp_path):
+    data = tmp_path / 'data'
+    write_stories(tmp_path / 'stories.txt', 200)
+    assert run('prepare.py', '--input', str(tmp_path / 'stories.txt'), '--tokenizer', 'bytes',
+               '--out_dir', str(data)).returncode == 0
+    a = config(data_dir=str(data), seed=1, eval_tokens=1000)
+    b = config(data_dir=str(data), seed=2, eval_tokens=1000, ffn='dense', ffn_hidden=32)
+    _, val_a = train.load_data(a)
+    _, val_b = train.load_data(b)
+    assert torch.equal(val_a, val_b) and val_a.shape == (1000 // 16, 17)
+    cpu = torch.device('cpu')
+    x1, y1 = train.get_batch(a, 7, cpu)
+    x2, _ = train.get_batch(a, 7, cpu)
+    x3, _ = train.get_batch(b, 7, cpu)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+
+
+# ----------------------------------------------------------------------------- end to end
+TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block_size=32', '--batch_size=8',
+        '--max_iters=40', '--eval_interval=20', '--log_interval=10', '--learning_rate=0.01', '--min_lr=0.001']
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp('e2e')
+    write_stories(root / 'stories.txt', 300)
+    out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes', '--out_dir', str(root / 'data'))
+    assert out.returncode == 0, out.stderr
+    return root
+
+
+@pytest.mark.parametrize('cfg', ['cpu_moe', 'cpu_dense_active'])
+def test_prepare_train_sample_end_to_end(prepared, cfg):
+    out_dir = prepared / cfg
+    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
+    assert out.returncode == 0, out.stderr
+    log = [json.loads(line) for line in open(out_dir / 'log.jsonl')]
+    evals = [r for r in log if 'val_loss' in r]
+    assert [r['iter'] for r in evals] == [0, 20, 40]
+    assert evals[0]['val_loss'] == pytest.approx(math.log(257), abs=0.1)  # uniform over 257 bytes at init
+    assert evals[-1]['val_loss'] < 0.6 * evals[0]['val_loss']  # synthetic stories are easy: it must learn
+    assert evals[-1]['best_val'] == min(r['val_loss'] for r in evals)
+    steps = [r for r in log if 'ce' in r]
+    assert all({'iter', 'tokens', 'loss', 'ce', 'lr', 'tok_per_s'} <= r.keys() for r in steps)
+    assert all(('lb' in r) == (cfg == 'cpu_moe') for r in steps)
+    saved = json.load(open(out_dir / 'config.json'))
+    assert saved['config_name'] == cfg and saved['params']['total'] > 0
+    assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()
+    assert not list(out_dir.glob('*.tmp'))
+
+    out = run('sample.py', f'--out_dir={out_dir}', '--start=once upon a time', '--num_samples=2',
+              '--max_new_tokens=60', '--temperature=0.5')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count('once upon a time') >= 2 and out.stdout.count('---------------') == 2
+
+    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
+    assert out.returncode != 0 and 'already holds a run' in out.stderr  # nothing overwritten
+
+
+def test_greedy_sampling_is_deterministic(prepared):
+    out_dir = prepared / 'cpu_moe'
+    if not (out_dir / 'best.pt').exists():
+        pytest.skip('needs the end-to-end MoE run')
+    a = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40', '--num_samples=1', '--seed=1')
+    b = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40', '--num_samples=1', '--seed=9')
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_compiled_training_runs_and_matches_eager(prepared):
+    torch.manual_seed(0)
+    c = config(ffn='moe')
+    model = train.Transformer(c)
+    idx = torch.randint(0, 257, (2, 16))
+    eager = model(idx)[0]
+    compiled = torch.compile(model)(idx)[0]
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "compiled"}',
+              *TINY, '--max_iters=6', '--eval_interval=3', '--compile=True')
+    assert out.returncode == 0, out.stderr
+    assert json.load(open(prepared / 'compiled' / 'config.json'))['compile_used'] is True
+
+
+def test_missing_data_and_checkpoint_errors(tmp_path):
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={tmp_path}', f'--out_dir={tmp_path / "o"}')
+    assert out.returncode != 0 and 'prepare.py' in out.stderr and 'Traceback' not in out.stderr
+    assert not (tmp_path / 'o').exists()
+    out = run('sample.py', f'--out_dir={tmp_path}')
+    assert out.returncode != 0 and 'no checkpoint' in out.stderr and 'Traceback' not in out.stderr
+
+
+def test_data_with_a_larger_vocab_than_the_model_is_refused(prepared):
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', '--vocab_size=200',
+              f'--out_dir={prepared / "small_vocab"}')
+    assert out.returncode != 0 and 'vocab_size' in out.stderr and 'Traceback' not in out.stderr

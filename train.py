@@ -1,0 +1,552 @@
+"""
+tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
+
+    python train.py config/moe.py --seed=1                  # train (defaults below = the paper recipe)
+    python train.py config/dense_total.py --print_params=True  # parameter table, touches no data
+
+Read top to bottom: config -> model -> parameter accounting -> data -> training loop.
+The three paper configs share every setting below and differ only in the feed-forward block.
+"""
+import ast
+import difflib
+import json
+import math
+import os
+import sys
+import time
+import types
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------- config
+# Defaults: the paper-scale recipe (GPT-2 BPE, for one GPU). Config files, executed in order, and then
+# --key=value overrides replace them. Every run resolves to one config, saved as out_dir/config.json.
+# I/O
+out_dir = ''              # '' -> out/{config_name}-s{seed}, so seeds never overwrite each other
+config_name = ''          # '' -> file name of the last config file ('default' without one)
+data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
+seed = 1                  # seeds init and the training-data order
+print_params = False      # print the parameter table (and one JSON line) and exit, touching no data
+# model: LLaMA-style decoder. d_model 160 x 4 layers is what fits the paper's 14.77M active / 21.06M total
+# with a 50257-token tied embedding (8.04M of it), counted once.
+vocab_size = 50257        # >= the tokenizer's vocabulary (meta.json); GPT-2 BPE
+block_size = 512          # context; TinyStories stories are ~200 GPT-2 tokens, so a window holds 2-3
+n_layer = 4
+n_head = 5                # head_dim 32
+d_model = 160
+norm_eps = 1e-5
+rope_theta = 10000.0
+tie_embeddings = True     # lm_head shares the embedding matrix
+# feed-forward block: the only thing the three paper configs change
+ffn = 'moe'               # 'dense' (SwiGLU) | 'moe' (routed SwiGLU experts)
+ffn_hidden = 0            # dense hidden width; with match set it is solved for
+ffn_multiple_of = 32      # solved dense widths are multiples of this (GPU-friendly shapes)
+n_experts = 4
+top_k = 2                 # experts per token; their gate weights are renormalised to sum to 1
+moe_hidden = 1632         # hidden width of each expert
+aux_loss_coef = 0.01      # Switch load-balancing loss weight (0 turns it off)
+z_loss_coef = 0.001       # router z-loss weight (0 turns it off)
+match = ''                # dense only: 'active' | 'total' = size ffn_hidden to the MoE's active/total params
+match_tol = 0.01          # largest allowed relative param mismatch of a matched dense model
+# optimisation: 426.3M tokens in 6,505 steps of 64Ki tokens. Small models like large learning rates;
+# many steps matter more than big batches for MoE routers, which learn from every update.
+batch_size = 128          # sequences per micro-batch
+grad_accum = 1            # micro-batches per optimizer step
+max_tokens = 426_300_000  # token budget; iterations = max_tokens // tokens per step
+max_iters = 0             # if > 0, overrides max_tokens
+learning_rate = 2e-3
+min_lr = 2e-4             # cosine decay ends here (a tenth of the peak, as in LLaMA)
+warmup_frac = 0.02        # linear warmup over this fraction of the iterations
+weight_decay = 0.1        # on >= 2-D weights only
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0
+# evaluation and logging: one fixed set of validation windows for every config and seed
+eval_interval = 250
+eval_tokens = 2**20       # size of the fixed validation set (capped at the whole split)
+log_interval = 50
+# system
+device = 'auto'           # 'auto' -> cuda if available, else cpu
+compile = None            # torch.compile; None -> on for CUDA, off for CPU
+
+CONFIG_KEYS = [k for k, v in globals().items()
+               if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))]
+
+
+def die(msg):
+    """A user-fixable problem: one clear line, non-zero exit, nothing written."""
+    print(f'{os.path.basename(sys.argv[0]) or "train.py"}: error: {msg}', file=sys.stderr)
+    sys.exit(1)
+
+
+def configure(argv):
+    """nanoGPT's configurator, made strict: config files (python, executed in order), then --key=value
+    overrides (literal_eval, else a plain string). Unknown keys and wrong types are errors, so a typo never
+    silently falls back to a default."""
+    cfg = {k: globals()[k] for k in CONFIG_KEYS}
+
+    def set_key(key, value, where):
+        if key not in cfg:
+            close = difflib.get_close_matches(key, CONFIG_KEYS, n=3, cutoff=0.5)
+            die(f'unknown config key {key!r} in {where}' + (f'; did you mean {", ".join(close)}?' if close else ''))
+        default = globals()[key]
+        if isinstance(default, float) and type(value) is int:
+            value = float(value)  # an int where a float is expected is fine
+        ok = (value is None or type(value) is bool) if default is None else type(value) is type(default)
+        if not ok:
+            want = 'True, False or None' if default is None else type(default).__name__
+            die(f'{key} must be {want}, got {value!r} ({type(value).__name__}) in {where}')
+        cfg[key] = value
+
+    files = [a for a in argv if not a.startswith('--')]
+    for path in files:
+        if not os.path.isfile(path):
+            die(f'config file {path!r} not found (configs live in config/, e.g. config/cpu_moe.py)')
+        namespace = {}
+        try:
+            exec(open(path).read(), namespace)
+        except Exception as e:  # a config file is user code: report its error as one line
+            die(f'config file {path} failed: {type(e).__name__}: {e}')
+        for key, value in namespace.items():
+            if not key.startswith('_') and not isinstance(value, types.ModuleType):
+                set_key(key, value, path)
+    for arg in argv:
+        if arg.startswith('--'):
+            key, eq, text = arg[2:].partition('=')
+            if not eq:
+                die(f'override {arg!r} must look like --key=value')
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text  # --device=cuda is the string 'cuda'
+            set_key(key, value, 'the command line')
+
+    c = types.SimpleNamespace(**cfg)
+    c.config_name = c.config_name or (os.path.splitext(os.path.basename(files[-1]))[0] if files else 'default')
+    c.out_dir = c.out_dir or os.path.join('out', f'{c.config_name}-s{c.seed}')
+    for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
+        if getattr(c, key) not in allowed:
+            die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
+    if c.d_model % c.n_head or (c.d_model // c.n_head) % 2:
+        die(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even size (RoPE rotates pairs)')
+    if not 1 <= c.top_k <= c.n_experts:
+        die(f'top_k must be between 1 and n_experts ({c.n_experts}), got {c.top_k}')
+    if c.ffn == 'dense' and c.match:
+        c.ffn_hidden = solve_ffn_hidden(c)
+    if c.ffn == 'dense' and c.ffn_hidden <= 0:
+        die("a dense config needs ffn_hidden > 0 or match = 'active' | 'total'")
+    return c
+
+
+# ----------------------------------------------------------------------------- model
+def linear(d_in, d_out, std):
+    layer = nn.Linear(d_in, d_out, bias=False)
+    nn.init.normal_(layer.weight, std=std)
+    return layer
+
+
+def rope_cache(head_dim, length, theta):
+    """cos/sin tables in Hugging Face Llama's rotate-half layout: dimension i pairs with i + head_dim/2,
+    so an export to transformers is a rename of weights, not a permutation."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(length).float(), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)  # (length, head_dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c, resid_std):
+        super().__init__()
+        self.n_head = c.n_head
+        self.qkv = linear(c.d_model, 3 * c.d_model, 0.02)
+        self.proj = linear(c.d_model, c.d_model, resid_std)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    """The dense FFN: down(silu(gate(x)) * up(x)), as in LLaMA."""
+
+    def __init__(self, d_model, hidden, resid_std):
+        super().__init__()
+        self.gate = linear(d_model, hidden, 0.02)
+        self.up = linear(d_model, hidden, 0.02)
+        self.down = linear(hidden, d_model, resid_std)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MoE(nn.Module):
+    """Mixtral-style routed SwiGLU experts, dropless: every token is processed by each of its top_k experts.
+    Returns (y, aux): aux holds this layer's load-balancing loss, z-loss and routing statistics, so nothing
+    is smuggled through global state."""
+
+    def __init__(self, c, resid_std):
+        super().__init__()
+        self.n_experts, self.top_k = c.n_experts, c.top_k
+        E, d, h = c.n_experts, c.d_model, c.moe_hidden
+        self.router = linear(d, E, 0.02)
+        # each expert's SwiGLU weights, stacked along a leading expert dimension: expert e uses gate[e] etc.
+        self.gate = nn.Parameter(torch.randn(E, d, h) * 0.02)
+        self.up = nn.Parameter(torch.randn(E, d, h) * 0.02)
+        self.down = nn.Parameter(torch.randn(E, h, d) * resid_std)
+
+    def forward(self, x):
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        N, E, k = x.shape[0], self.n_experts, self.top_k
+        # routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())  # (N, E)
+        probs = logits.softmax(dim=-1)
+        weights, experts = probs.topk(k, dim=-1)  # (N, k)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+
+        # dispatch: sort the N*k (token, expert) assignments by expert, so each expert sees one contiguous
+        # slice of tokens; compute each expert on its slice only, then scatter-add back, gate-weighted
+        assignment_expert = experts.flatten()
+        order = assignment_expert.argsort(stable=True)
+        token = order // k  # which token each sorted assignment belongs to
+        counts = torch.bincount(assignment_expert, minlength=E)
+        xs = x[token].split(counts.tolist())
+        ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
+        ys = ys * weights.flatten()[order].unsqueeze(1).to(ys.dtype)
+        y = ys.new_zeros(x.shape).index_add_(0, token, ys)
+
+        load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
+        aux = {
+            'lb': E * (load * probs.mean(dim=0)).sum(),  # Switch: 1.0 when balanced, E when collapsed
+            'z': torch.logsumexp(logits, dim=-1).square().mean(),
+            'load': load.detach(),
+        }
+        return y.view(shape), aux
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        resid_std = 0.02 / math.sqrt(2 * c.n_layer)  # residual projections scaled down, as in GPT-2
+        self.attn_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.attn = Attention(c, resid_std)
+        self.ffn_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.ffn = MoE(c, resid_std) if c.ffn == 'moe' else SwiGLU(c.d_model, c.ffn_hidden, resid_std)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        y, aux = self.ffn(h) if isinstance(self.ffn, MoE) else (self.ffn(h), None)
+        return x + y, aux
+
+
+class Transformer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.block_size = c.block_size
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.lm_head = linear(c.d_model, c.vocab_size, 0.02)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_cache(c.d_model // c.n_head, c.block_size, c.rope_theta)
+        self.register_buffer('cos', cos, persistent=False)
+        self.register_buffer('sin', sin, persistent=False)
+
+    def forward(self, idx, targets=None):
+        """Returns (logits or None, ce or None, aux). With targets, logits are not returned (saves memory);
+        aux has the MoE layers' mean 'lb' and 'z' and their per-layer dicts under 'layers' ({} if dense)."""
+        T = idx.shape[1]
+        x = self.embed(idx)
+        layers = []
+        for block in self.blocks:
+            x, aux = block(x, self.cos[:T], self.sin[:T])
+            if aux is not None:
+                layers.append(aux)
+        aux = {}
+        if layers:
+            aux = {'lb': torch.stack([a['lb'] for a in layers]).mean(),
+                   'z': torch.stack([a['z'] for a in layers]).mean(), 'layers': layers}
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits, None, aux
+        ce = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return None, ce, aux
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=None):
+        """Extend idx (1, T). temperature 0 is greedy. Stops early after emitting stop_id."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.block_size:])[0][:, -1, :].float()
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -float('inf'))
+                nxt = torch.multinomial(logits.softmax(dim=-1), 1)
+            idx = torch.cat([idx, nxt], dim=1)
+            if stop_id is not None and nxt.item() == stop_id:
+                break
+        return idx
+
+
+def training_loss(ce, aux, c):
+    """CE plus the routers' auxiliary losses (mean over MoE layers). Validation reports CE alone."""
+    if not aux:
+        return ce
+    return ce + c.aux_loss_coef * aux['lb'] + c.z_loss_coef * aux['z']
+
+
+# ----------------------------------------------------------------------------- parameter accounting
+def count_params(c):
+    """Exact parameter counts from the config alone (a test holds them against model.parameters()).
+    active = total minus the experts a token does not use."""
+    d, L, V = c.d_model, c.n_layer, c.vocab_size
+    n = {'embedding': V * d, 'lm_head': 0 if c.tie_embeddings else V * d,
+         'attention': L * 4 * d * d, 'norms': (2 * L + 1) * d}
+    if c.ffn == 'moe':
+        per_expert = 3 * d * c.moe_hidden
+        n['ffn'], n['router'] = L * c.n_experts * per_expert, L * c.n_experts * d
+        unused = L * (c.n_experts - c.top_k) * per_expert
+    else:
+        n['ffn'], n['router'], unused = L * 3 * d * c.ffn_hidden, 0, 0
+    n['total'] = sum(n.values())
+    n['active'] = n['total'] - unused
+    return n
+
+
+def solve_ffn_hidden(c):
+    """Dense FFN width (a multiple of ffn_multiple_of) whose total params are closest to the MoE's
+    active or total params. Total params are linear in the width, so rounding is exact."""
+    target = count_params(types.SimpleNamespace(**{**vars(c), 'ffn': 'moe'}))[c.match]
+    base = count_params(types.SimpleNamespace(**{**vars(c), 'ffn': 'dense', 'ffn_hidden': 0}))['total']
+    per_unit, m = 3 * c.d_model * c.n_layer, c.ffn_multiple_of
+    hidden = max(m, round((target - base) / per_unit / m) * m)
+    mismatch = (base + per_unit * hidden - target) / target
+    if abs(mismatch) > c.match_tol:
+        die(f'no dense width matches the MoE {c.match} params ({target:,}) within match_tol={c.match_tol}: '
+            f'the closest, ffn_hidden={hidden}, is off by {mismatch:+.2%}; change ffn_multiple_of or match_tol')
+    return hidden
+
+
+def print_param_table(c):
+    n = count_params(c)
+    if c.ffn == 'moe':
+        what = f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
+    else:
+        what = f'dense: ffn_hidden {c.ffn_hidden}' + (f' (matched to the MoE {c.match} params)' if c.match else '')
+    print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, vocab {c.vocab_size} | {what}')
+    for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
+        print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
+    summary = {**n, 'ffn_hidden': c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden}
+    if c.match:
+        target = count_params(types.SimpleNamespace(**{**vars(c), 'ffn': 'moe'}))[c.match]
+        summary.update(match=c.match, match_target=target, match_error=(n['total'] - target) / target)
+        print(f'  matched to MoE {c.match} = {target:,}: off by {summary["match_error"]:+.3%}')
+    print(json.dumps(summary))
+
+
+# ----------------------------------------------------------------------------- data
+def load_data(c):
+    """Check the prepared dataset against the config; return its meta and the fixed validation windows."""
+    prep = f'python prepare.py --out_dir {c.data_dir}'
+    for name in ('train.bin', 'val.bin', 'meta.json'):
+        if not os.path.isfile(os.path.join(c.data_dir, name)):
+            die(f'{os.path.join(c.data_dir, name)} not found; prepare the data first: {prep} '
+                '(or --input FILE --tokenizer bytes for a local TinyStories text file)')
+    try:
+        meta = json.load(open(os.path.join(c.data_dir, 'meta.json')))
+        counts = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}
+        data_vocab = meta['vocab_size']
+    except (ValueError, KeyError) as e:
+        die(f'{c.data_dir}/meta.json is corrupt ({e!r}); rerun {prep} --force')
+    if data_vocab > c.vocab_size:
+        die(f'the data has vocab_size {data_vocab} ({meta.get("tokenizer")}) but the model only {c.vocab_size}: '
+            'set vocab_size in the config to at least the data\'s')
+    for split, expected in counts.items():
+        size = os.path.getsize(os.path.join(c.data_dir, f'{split}.bin'))
+        if size != 2 * expected:
+            die(f'{c.data_dir}/{split}.bin has {size} bytes but meta.json says {expected} uint16 tokens '
+                f'({2 * expected} bytes): truncated or corrupt; rerun {prep} --force')
+        if expected < c.block_size + 1:
+            die(f'{split} split has {expected} tokens, fewer than block_size + 1 = {c.block_size + 1}')
+    for split in ('train', 'val'):  # an out-of-vocab id would crash (or, on CUDA, assert) mid-run
+        top = int(np.memmap(os.path.join(c.data_dir, f'{split}.bin'), dtype=np.uint16, mode='r').max())
+        if top >= c.vocab_size:
+            die(f'{split}.bin holds token id {top} >= vocab_size {c.vocab_size}: the data does not match '
+                f'its meta.json; rerun {prep} --force')
+    val = np.memmap(os.path.join(c.data_dir, 'val.bin'), dtype=np.uint16, mode='r')
+    # the fixed validation set: evenly spaced windows over the whole split, the same for every config and seed
+    n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
+    starts = np.linspace(0, len(val) - c.block_size - 1, n).round().astype(np.int64)
+    val_windows = torch.from_numpy(np.stack([val[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
+    return meta, val_windows
+
+
+def get_batch(c, step, device):
+    """All windows of one optimizer step. They depend only on (seed, step): any run with the same seed sees
+    the same data in the same order, and a resumed run needs nothing but the step number."""
+    data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')  # fresh memmap per
+    # batch: a long-lived one grows resident memory (nanoGPT's workaround)
+    rng = np.random.default_rng([c.seed, step])
+    starts = rng.integers(0, len(data) - c.block_size, size=c.batch_size * c.grad_accum)
+    windows = torch.from_numpy(np.stack([data[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
+    if device.type == 'cuda':
+        windows = windows.pin_memory().to(device, non_blocking=True)
+    return windows[:, :-1], windows[:, 1:]
+
+
+@torch.no_grad()
+def evaluate(model, val_windows, c, device, autocast):
+    """Mean CE over the fixed validation windows."""
+    model.eval()
+    total = 0.0
+    for batch in val_windows.split(c.batch_size):
+        batch = batch.to(device)
+        with autocast:
+            _, ce, _ = model(batch[:, :-1], batch[:, 1:])
+        total += ce.item() * len(batch)
+    model.train()
+    return total / len(val_windows)
+
+
+def save_checkpoint(path, state):
+    """Atomic: write a temp file, fsync, rename. A kill mid-write leaves the previous file intact."""
+    tmp = path + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- training
+def main(argv):
+    c = configure(argv)
+    if c.print_params:
+        print_param_table(c)
+        return
+    meta, val_windows = load_data(c)
+    if os.path.exists(os.path.join(c.out_dir, 'log.jsonl')):
+        die(f'{c.out_dir} already holds a run (log.jsonl); choose another --out_dir or remove that folder')
+    try:
+        os.makedirs(c.out_dir, exist_ok=True)
+    except OSError as e:
+        die(f'cannot create out_dir {c.out_dir!r}: {e.strerror}')
+
+    device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
+                          'cpu' if c.device == 'auto' else c.device)
+    use_compile = device.type == 'cuda' if c.compile is None else c.compile
+    # bf16 autocast on GPU; plain fp32 on CPU, where bf16 is slow and the models are small
+    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(c.seed)
+
+    model = Transformer(c).to(device)
+    params = count_params(c)
+    assert params['total'] == sum(p.numel() for p in model.parameters()), 'parameter accounting is off'
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices; not norm gains
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': c.weight_decay},
+                                   {'params': no_decay, 'weight_decay': 0.0}],
+                                  lr=c.learning_rate, betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
+    step_model = torch.compile(model) if use_compile else model
+
+    tokens_per_iter = c.batch_size * c.grad_accum * c.block_size
+    iters = c.max_iters or c.max_tokens // tokens_per_iter
+    if iters <= 0:
+        die(f'nothing to train: max_iters=0 and max_tokens={c.max_tokens} < one step of {tokens_per_iter} tokens')
+    warmup = max(1, round(c.warmup_frac * iters))
+
+    def lr_at(it):  # linear warmup, then cosine decay to min_lr at the last iteration
+        if it < warmup:
+            return c.learning_rate * (it + 1) / warmup
+        progress = (it - warmup) / max(1, iters - warmup)
+        return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
+
+    with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
+        json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
+                   'device_used': device.type, 'compile_used': use_compile}, f, indent=2)
+    log_file = open(os.path.join(c.out_dir, 'log.jsonl'), 'a')
+
+    def log(record):
+        log_file.write(json.dumps(record) + '\n')
+        log_file.flush()
+
+    print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M active), '
+          f'{iters} iters x {tokens_per_iter} tokens, {device.type}{" compiled" if use_compile else ""} -> {c.out_dir}')
+    best_val = float('inf')
+    sums, n_sums = 0, 0  # running (loss, ce[, lb, z]) since the last log line, summed on the device
+    t_last, tokens_last = time.time(), 0
+
+    def checkpoint(name, it):
+        save_checkpoint(os.path.join(c.out_dir, name), {
+            'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': vars(c), 'meta': meta,
+            'iter': it, 'tokens': it * tokens_per_iter, 'best_val': best_val,
+            'rng': {'torch': torch.get_rng_state(),
+                    'cuda': torch.cuda.get_rng_state_all() if device.type == 'cuda' else None}})
+
+    for it in range(iters + 1):
+        if it % c.eval_interval == 0 or it == iters:
+            val_loss = evaluate(step_model, val_windows, c, device, autocast)
+            improved = val_loss < best_val
+            best_val = min(best_val, val_loss)
+            log({'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss, 'best_val': best_val})
+            print(f'eval {it:>6} | val {val_loss:.4f} | best {best_val:.4f} | {it * tokens_per_iter / 1e6:.2f}M tokens')
+            if improved:
+                checkpoint('best.pt', it)
+            t_last = time.time()  # throughput excludes evaluation
+            tokens_last = it * tokens_per_iter
+        if it == iters:
+            break
+
+        lr = lr_at(it)
+        for group in optimizer.param_groups:
+            group['lr'] = lr
+        x, y = get_batch(c, it, device)
+        for micro in range(c.grad_accum):
+            rows = slice(micro * c.batch_size, (micro + 1) * c.batch_size)
+            with autocast:
+                _, ce, aux = step_model(x[rows], y[rows])
+                loss = training_loss(ce, aux, c)
+            (loss / c.grad_accum).backward()
+            sums = sums + torch.stack([loss, ce] + ([aux['lb'], aux['z']] if aux else [])).detach()
+            n_sums += 1
+        if c.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        if it % c.log_interval == 0 or it == iters - 1:
+            means = dict(zip(('loss', 'ce', 'lb', 'z'), (sums / n_sums).tolist()))  # .tolist(): one host sync
+            tokens = (it + 1) * tokens_per_iter
+            tok_per_s = (tokens - tokens_last) / (time.time() - t_last)
+            log({'iter': it, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s})
+            print(f'iter {it:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
+                  f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
+            sums, n_sums = 0, 0
+            t_last, tokens_last = time.time(), tokens
+
+    checkpoint('latest.pt', iters)
+    log_file.close()
+    print(f'done: best val loss {best_val:.4f} ({c.out_dir})')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
