@@ -31,9 +31,15 @@ def load_model(out_dir, device):
         ckpt = torch.load(path, map_location=device, weights_only=False)
         model = Transformer(types.SimpleNamespace(**ckpt['config']))
         model.load_state_dict(ckpt['model'])
-    except (RuntimeError, KeyError, TypeError, EOFError, OSError) as e:
+        name = ckpt['meta']['tokenizer']
+    except Exception as e:  # whatever is wrong with the file, the fix is the same: another checkpoint
         die(f'{path} is not a usable tinymoe checkpoint for this code ({type(e).__name__}: {str(e)[:200]})')
-    return model.to(device).eval(), get_tokenizer(ckpt['meta']['tokenizer'])
+    try:
+        tok = get_tokenizer(name)
+    except (OSError, ValueError) as e:  # tiktoken could not fetch its BPE files
+        die(f'cannot load the {name!r} tokenizer of this run ({type(e).__name__}); for gpt2 offline, set '
+            'TIKTOKEN_CACHE_DIR to a folder with the BPE files')
+    return model.to(device).eval(), tok
 
 
 def main(argv=None):
@@ -47,6 +53,8 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = p.parse_args(argv)
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        die('--device cuda but torch sees no CUDA GPU; use --device cpu')
 
     start = args.start
     if start.startswith('FILE:'):
@@ -60,7 +68,7 @@ def main(argv=None):
     prompt = torch.tensor([[tok.eot_id] + tok.encode(start)], device=args.device)
     for _ in range(args.num_samples):
         out = model.generate(prompt, args.max_new_tokens, args.temperature, args.top_k, stop_id=tok.eot_id)
-        print(tok.decode(out[0, 1:].tolist()))
+        print(tok.decode([i for i in out[0, 1:].tolist() if i != tok.eot_id]))
         print('---------------')
 
 

@@ -131,6 +131,19 @@ def configure(argv):
     for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
         if getattr(c, key) not in allowed:
             die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
+    for key in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_multiple_of', 'n_experts',
+                'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens', 'log_interval'):
+        if getattr(c, key) <= 0:
+            die(f'{key} must be positive, got {getattr(c, key)}')
+    if c.device != 'auto':
+        try:
+            torch.device(c.device)
+        except RuntimeError:
+            die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
+        if c.device.startswith('cuda') and not torch.cuda.is_available():
+            die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+    if c.match and (c.ffn != 'dense' or c.ffn_hidden):
+        die("match = 'active' | 'total' sizes a dense FFN: use it with ffn = 'dense' and without ffn_hidden")
     if c.d_model % c.n_head or (c.d_model // c.n_head) % 2:
         die(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even size (RoPE rotates pairs)')
     if not 1 <= c.top_k <= c.n_experts:
@@ -214,7 +227,9 @@ class MoE(nn.Module):
             logits = F.linear(x.float(), self.router.weight.float())  # (N, E)
         probs = logits.softmax(dim=-1)
         weights, experts = probs.topk(k, dim=-1)  # (N, k)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if k > 1:  # Mixtral renormalises its top-k weights to sum to 1. At top-1 that would make every weight
+            # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
+            weights = weights / weights.sum(dim=-1, keepdim=True)
 
         # dispatch: sort the N*k (token, expert) assignments by expert, so each expert sees one contiguous
         # slice of tokens; compute each expert on its slice only, then scatter-add back, gate-weighted
@@ -224,8 +239,8 @@ class MoE(nn.Module):
         counts = torch.bincount(assignment_expert, minlength=E)
         xs = x[token].split(counts.tolist())
         ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
-        ys = ys * weights.flatten()[order].unsqueeze(1).to(ys.dtype)
-        y = ys.new_zeros(x.shape).index_add_(0, token, ys)
+        ys = ys.float() * weights.flatten()[order].unsqueeze(1)  # combine in fp32, also under bf16 autocast
+        y = torch.zeros(x.shape, device=x.device).index_add_(0, token, ys).to(x.dtype)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
         aux = {
@@ -374,11 +389,11 @@ def load_data(c):
         meta = json.load(open(os.path.join(c.data_dir, 'meta.json')))
         counts = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}
         data_vocab = meta['vocab_size']
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         die(f'{c.data_dir}/meta.json is corrupt ({e!r}); rerun {prep} --force')
-    if data_vocab > c.vocab_size:
-        die(f'the data has vocab_size {data_vocab} ({meta.get("tokenizer")}) but the model only {c.vocab_size}: '
-            'set vocab_size in the config to at least the data\'s')
+    if data_vocab != c.vocab_size:
+        die(f'the data in {c.data_dir} has vocab_size {data_vocab} ({meta.get("tokenizer")} tokenizer) but the '
+            f'config says {c.vocab_size}: use a config made for this data (cpu_* for bytes) or set vocab_size')
     for split, expected in counts.items():
         size = os.path.getsize(os.path.join(c.data_dir, f'{split}.bin'))
         if size != 2 * expected:
@@ -447,8 +462,9 @@ def main(argv):
         die(f'{c.out_dir} already holds a run (log.jsonl); choose another --out_dir or remove that folder')
     try:
         os.makedirs(c.out_dir, exist_ok=True)
+        log_file = open(os.path.join(c.out_dir, 'log.jsonl'), 'a')
     except OSError as e:
-        die(f'cannot create out_dir {c.out_dir!r}: {e.strerror}')
+        die(f'cannot write to out_dir {c.out_dir!r}: {e.strerror}')
 
     device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
                           'cpu' if c.device == 'auto' else c.device)
@@ -469,21 +485,20 @@ def main(argv):
     step_model = torch.compile(model) if use_compile else model
 
     tokens_per_iter = c.batch_size * c.grad_accum * c.block_size
-    iters = c.max_iters or c.max_tokens // tokens_per_iter
+    iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps to see at least max_tokens
     if iters <= 0:
-        die(f'nothing to train: max_iters=0 and max_tokens={c.max_tokens} < one step of {tokens_per_iter} tokens')
+        die('nothing to train: set max_tokens or max_iters > 0')
     warmup = max(1, round(c.warmup_frac * iters))
 
     def lr_at(it):  # linear warmup, then cosine decay to min_lr at the last iteration
         if it < warmup:
             return c.learning_rate * (it + 1) / warmup
-        progress = (it - warmup) / max(1, iters - warmup)
+        progress = (it - warmup) / max(1, iters - 1 - warmup)
         return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
 
     with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
         json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
                    'device_used': device.type, 'compile_used': use_compile}, f, indent=2)
-    log_file = open(os.path.join(c.out_dir, 'log.jsonl'), 'a')
 
     def log(record):
         log_file.write(json.dumps(record) + '\n')
@@ -533,12 +548,13 @@ def main(argv):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-        if it % c.log_interval == 0 or it == iters - 1:
+        done = it + 1  # steps done; `iter` means the same in training and eval lines
+        if done % c.log_interval == 0 or done == iters:
             means = dict(zip(('loss', 'ce', 'lb', 'z'), (sums / n_sums).tolist()))  # .tolist(): one host sync
-            tokens = (it + 1) * tokens_per_iter
+            tokens = done * tokens_per_iter
             tok_per_s = (tokens - tokens_last) / (time.time() - t_last)
-            log({'iter': it, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s})
-            print(f'iter {it:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
+            log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s})
+            print(f'iter {done:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
                   f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
             sums, n_sums = 0, 0
             t_last, tokens_last = time.time(), tokens
