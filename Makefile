@@ -19,8 +19,11 @@ setup:
 test: setup
 	$(PYTHON) -m pytest -q
 
+# train what is missing, then the report (table, gaps, routing, plots) of all runs of the three configs
 cpu: setup $(CPU_RUNS)
+	$(PYTHON) report.py $(dir $(CPU_RUNS)) --out out/report-cpu
 paper: setup $(PAPER_RUNS)
+	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
 
 data/tinystories_bytes/meta.json:
 	$(PYTHON) prepare.py --input $(TINYSTORIES) --tokenizer bytes --out_dir data/tinystories_bytes

@@ -63,7 +63,7 @@ def test_moe_matches_per_token_reference(top_k):
     y, aux = moe(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y.view(-1, 16), reference_moe(moe, x.view(-1, 16)), rtol=1e-4, atol=1e-4)
-    assert aux['load'].sum().item() == pytest.approx(1.0)
+    assert aux['routing'][:4].sum().item() == pytest.approx(1.0)  # the experts' loads
 
 
 def test_one_expert_top1_equals_dense_swiglu():
@@ -96,11 +96,39 @@ def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
     moe, x = routed_moe(5, collapse=False)
     _, aux = moe(x)
     assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
-    torch.testing.assert_close(aux['load'], torch.full((4,), 0.25))
     moe, x = routed_moe(5, collapse=True)
     _, aux = moe(x)
     assert aux['lb'].item() == pytest.approx(4.0, abs=1e-6)
-    torch.testing.assert_close(aux['load'], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+
+
+def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
+    moe, x = routed_moe(5, collapse=False)  # one-hot tokens, each certain of its expert, cycling over all 4
+    stats = train.routing_stats(moe(x)[1]['routing'][None])  # one layer
+    assert stats['load'] == pytest.approx([0.25] * 4)
+    assert stats['busiest_frac'] == pytest.approx(0.25) and stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
+    assert stats['router_entropy'] == pytest.approx(0.0, abs=1e-6)  # every router is certain
+    assert stats['log_z'] == pytest.approx(200.0, abs=1e-4)  # logsumexp(200, 0, 0, 0)
+    assert stats['dropped_frac'] == 0.0 and len(stats['layers']) == 1
+    moe, x = routed_moe(5, collapse=True)
+    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    assert stats['load'] == pytest.approx([1.0, 0.0, 0.0, 0.0])
+    assert stats['busiest_frac'] == pytest.approx(1.0)
+    assert stats['usage_var'] == pytest.approx(0.1875)  # mean of (0.75^2, 0.25^2, 0.25^2, 0.25^2)
+    # a zero router is maximally unsure: uniform softmax, entropy ln 4, logsumexp(0, 0, 0, 0) = ln 4
+    moe.router.weight.data.zero_()
+    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    assert stats['router_entropy'] == pytest.approx(math.log(4)) and stats['log_z'] == pytest.approx(math.log(4))
+
+
+def test_routing_stats_average_over_layers():
+    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25, 1.0, 2.0],
+                         [0.70, 0.10, 0.10, 0.10, 0.5, 4.0]])
+    stats = train.routing_stats(rows)
+    assert stats['load'] == pytest.approx([0.475, 0.175, 0.175, 0.175])
+    assert stats['busiest_frac'] == pytest.approx((0.25 + 0.70) / 2)
+    assert stats['usage_var'] == pytest.approx((0.0 + 0.0675) / 2)  # var of (0.7, 0.1, 0.1, 0.1) = 0.0675
+    assert stats['router_entropy'] == pytest.approx(0.75) and stats['log_z'] == pytest.approx(3.0)
+    assert [layer['busiest_frac'] for layer in stats['layers']] == pytest.approx([0.25, 0.70])
 
 
 def test_load_balancing_uses_the_full_softmax_not_the_top_k_weights():
@@ -339,6 +367,12 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
     lb_coef = 0.0 if cfg == 'cpu_moe_top1_nolb' else 0.01
     for r in steps:  # the logged training loss is CE plus the weighted aux losses
         assert r['loss'] == pytest.approx(r['ce'] + lb_coef * r.get('lb', 0) + 0.001 * r.get('z', 0), rel=1e-5)
+    routing = ('load', 'busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac', 'layers')
+    for r in log:  # MoE runs log routing health on every eval and training line; dense runs none of it
+        assert all((key in r) == cfg.startswith('cpu_moe') for key in routing)
+        if 'layers' in r:
+            assert len(r['layers']) == 2 and sum(r['load']) == pytest.approx(1.0)
+            assert 0.25 <= r['busiest_frac'] <= 1.0 and 0 <= r['router_entropy'] <= math.log(4) + 1e-6
     saved = json.load(open(out_dir / 'config.json'))
     assert saved['config_name'] == cfg and saved['params']['total'] > 0
     assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()

@@ -243,10 +243,15 @@ class MoE(nn.Module):
         y = torch.zeros(x.shape, device=x.device).index_add_(0, token, ys).to(x.dtype)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
+        log_z = torch.logsumexp(logits, dim=-1)
+        with torch.no_grad():  # routing health for the logs: a few reductions over (N, E), no host sync
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()  # nats, at most ln(E)
+            # packed in one row, so that averaging over layers and eval batches is one tensor op
+            routing = torch.cat([load, entropy.view(1), log_z.mean().view(1)])  # [load_0..load_E-1, entropy, log_z]
         aux = {
             'lb': E * (load * probs.mean(dim=0)).sum(),  # Switch: 1.0 when balanced, E when collapsed
-            'z': torch.logsumexp(logits, dim=-1).square().mean(),
-            'load': load.detach(),
+            'z': log_z.square().mean(),
+            'routing': routing,
         }
         return y.view(shape), aux
 
@@ -283,8 +288,9 @@ class Transformer(nn.Module):
         self.register_buffer('sin', sin, persistent=False)
 
     def forward(self, idx, targets=None):
-        """Returns (logits or None, ce or None, aux). With targets, logits are not returned (saves memory);
-        aux has the MoE layers' mean 'lb' and 'z' and their per-layer dicts under 'layers' ({} if dense)."""
+        """Returns (logits or None, ce or None, aux). With targets, logits are not returned (saves memory).
+        aux ({} if dense) has the MoE layers' mean 'lb' and 'z', their per-layer dicts under 'layers', and
+        'routing': one row per layer, [load_0 .. load_E-1, router_entropy, log_z], for routing_stats()."""
         T = idx.shape[1]
         x = self.embed(idx)
         layers = []
@@ -295,7 +301,8 @@ class Transformer(nn.Module):
         aux = {}
         if layers:
             aux = {'lb': torch.stack([a['lb'] for a in layers]).mean(),
-                   'z': torch.stack([a['z'] for a in layers]).mean(), 'layers': layers}
+                   'z': torch.stack([a['z'] for a in layers]).mean(), 'layers': layers,
+                   'routing': torch.stack([a['routing'] for a in layers])}
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None, aux
@@ -319,6 +326,19 @@ class Transformer(nn.Module):
             if stop_id is not None and nxt.item() == stop_id:
                 break
         return idx
+
+
+def routing_stats(routing):
+    """Routing health from the per-layer rows of aux['routing'], per layer and as the mean over layers.
+    busiest_frac = max_i load_i (1/n_experts is perfect balance, 1.0 a collapsed top-1 router)."""
+    layers = [{'load': row[:-2].tolist(), 'busiest_frac': row[:-2].max().item(),
+               'usage_var': row[:-2].var(unbiased=False).item(), 'router_entropy': row[-2].item(),
+               'log_z': row[-1].item()} for row in routing.cpu()]
+    mean = {key: sum(layer[key] for layer in layers) / len(layers)
+            for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
+    return {'load': routing[:, :-2].mean(dim=0).tolist(), **mean,
+            'dropped_frac': 0.0,  # dropless routing: no token is ever dropped (logged so a reader sees it)
+            'layers': layers}
 
 
 def training_loss(ce, aux, c):
@@ -429,16 +449,18 @@ def get_batch(c, step, device):
 
 @torch.no_grad()
 def evaluate(model, val_windows, c, device, autocast):
-    """Mean CE over the fixed validation windows."""
+    """Mean CE over the fixed validation windows, and (MoE) routing statistics over all of them."""
     model.eval()
-    total = 0.0
+    total, routing = 0.0, 0
     for batch in val_windows.split(c.batch_size):
         batch = batch.to(device)
         with autocast:
-            _, ce, _ = model(batch[:, :-1], batch[:, 1:])
+            _, ce, aux = model(batch[:, :-1], batch[:, 1:])
         total += ce.item() * len(batch)
+        if aux:  # every window has block_size tokens: weighting by windows weights by tokens
+            routing = routing + aux['routing'] * len(batch)
     model.train()
-    return total / len(val_windows)
+    return total / len(val_windows), routing_stats(routing / len(val_windows)) if c.ffn == 'moe' else {}
 
 
 def save_checkpoint(path, state):
@@ -519,11 +541,12 @@ def main(argv):
 
     for it in range(iters + 1):
         if it % c.eval_interval == 0 or it == iters:
-            val_loss = evaluate(step_model, val_windows, c, device, autocast)
+            val_loss, routing = evaluate(step_model, val_windows, c, device, autocast)
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
-            log({'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss, 'best_val': best_val})
-            print(f'eval {it:>6} | val {val_loss:.4f} | best {best_val:.4f} | {it * tokens_per_iter / 1e6:.2f}M tokens')
+            log({'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss, 'best_val': best_val, **routing})
+            print(f'eval {it:>6} | val {val_loss:.4f} | best {best_val:.4f} | {it * tokens_per_iter / 1e6:.2f}M tokens' +
+                  (f' | busiest {routing["busiest_frac"]:.3f} | entropy {routing["router_entropy"]:.3f}' if routing else ''))
             if improved:
                 checkpoint('best.pt', it)
             t_last = time.time()  # throughput excludes evaluation
@@ -553,8 +576,10 @@ def main(argv):
             means = dict(zip(('loss', 'ce', 'lb', 'z'), (sums / n_sums).tolist()))  # .tolist(): one host sync
             tokens = done * tokens_per_iter
             tok_per_s = (tokens - tokens_last) / (time.time() - t_last)
-            log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s})
+            routing = routing_stats(aux['routing']) if aux else {}  # on the step's last micro-batch
+            log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s, **routing})
             print(f'iter {done:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
+                  (f' | busiest {routing["busiest_frac"]:.3f}' if routing else '') +
                   f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
             sums, n_sums = 0, 0
             t_last, tokens_last = time.time(), tokens

@@ -1,0 +1,258 @@
+"""
+The paper's table, both gaps, the gaps over training, routing health and plots, from run folders.
+
+    python report.py out/cpu_*                      # -> ./report.md (also printed), report.json, *.png
+    python report.py 'out/*' --out results/cpu
+
+Runs are grouped by the config name and seed recorded in their config.json (not by folder names).
+A config's role comes from its name: `moe`, `cpu_moe` -> moe; `dense_active`, `cpu_dense_active` ->
+dense_active; `..._dense_total` -> dense_total; anything else (ablations) has none. Configs that share a
+prefix (`cpu_`, or none for paper scale) form a family, and each family is compared as its own triple.
+Gaps are seed-paired: seed s of one config against seed s of the other.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+
+ROLES = ('dense_active', 'moe', 'dense_total')
+# the paper's best validation losses (mean, std over 3 seeds) and gaps, shown beside paper-scale results
+PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012), 'dense_total': (1.5608, 0.0025)}
+PAPER_GAPS = {'active': 0.0758, 'total': 0.0180}
+ROUTING = ('busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac')
+
+
+def role_of(name):
+    """-> (family prefix, role), or (None, None) for configs outside the three-way comparison."""
+    for role in ROLES:
+        if name == role or name.endswith('_' + role):
+            return name[:-len(role)], role
+    return None, None
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (0 for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def load_runs(paths, warn):
+    """{config name: {seed: run}} from run folders; folders that are not runs are reported and skipped."""
+    runs = defaultdict(dict)
+    for path in paths:
+        try:
+            config = json.load(open(os.path.join(path, 'config.json')))
+            lines = [json.loads(line) for line in open(os.path.join(path, 'log.jsonl')) if line.strip()]
+            name, seed = config['config_name'], config['seed']
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            warn(f'skipped {path}: not a readable run ({type(e).__name__})')
+            continue
+        evals = [r for r in lines if 'val_loss' in r]
+        if not evals:
+            warn(f'skipped {path}: no evaluation yet')
+            continue
+        if seed in runs[name]:
+            warn(f'skipped {path}: {name} seed {seed} already comes from {runs[name][seed]["path"]}')
+            continue
+        best = min(evals, key=lambda r: r['val_loss'])
+        runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
+                            'finished': evals[-1]['iter'] == config.get('iters')}
+        if not runs[name][seed]['finished']:
+            warn(f'{path} has not finished (last eval at iter {evals[-1]["iter"]} of {config.get("iters")})')
+    return runs
+
+
+def paired(a, b):
+    """Seed-paired differences a - b of best validation losses, over the seeds both configs have."""
+    seeds = sorted(set(a) & set(b))
+    return {str(s): a[s]['best']['val_loss'] - b[s]['best']['val_loss'] for s in seeds}
+
+
+def gap_vs_tokens(a, b):
+    """Mean over paired seeds of val_loss(a) - val_loss(b) at every eval point that all of them share."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return {}
+    curves = [({r['tokens']: r['val_loss'] for r in a[s]['evals']},
+               {r['tokens']: r['val_loss'] for r in b[s]['evals']}) for s in seeds]
+    tokens = sorted(set.intersection(*(set(x) & set(y) for x, y in curves)))
+    return {t: sum(x[t] - y[t] for x, y in curves) / len(curves) for t in tokens}
+
+
+def summarise(runs, warn):
+    configs, families = {}, defaultdict(dict)
+    for name in sorted(runs):
+        seeds = runs[name]
+        family, role = role_of(name)
+        params = next(iter(seeds.values()))['config']['params']
+        mean, std = mean_std([r['best']['val_loss'] for r in seeds.values()])
+        configs[name] = {'role': role, 'total': params['total'], 'active': params['active'],
+                         'seeds': {str(s): seeds[s]['best']['val_loss'] for s in sorted(seeds)},
+                         'mean': mean, 'std': std}
+        if 'busiest_frac' in next(iter(seeds.values()))['best']:  # an MoE: routing at the best checkpoint
+            configs[name]['diagnostics'] = {
+                key: dict(zip(('mean', 'std'), mean_std([r['best'][key] for r in seeds.values()])))
+                for key in ROUTING}
+        if role:
+            families[family][role] = name
+
+    out = {'configs': configs, 'families': {}}
+    for family, roles in sorted(families.items()):
+        missing = [family + r for r in ROLES if r not in roles]
+        if missing:
+            warn(f'family {family or "(paper scale)"}: missing {", ".join(missing)}; its gaps are incomplete')
+        fam = {'configs': roles, 'gaps': {}, 'gap_vs_tokens': {'tokens': [], 'active': [], 'total': []}}
+        curves = {}
+        for gap, (a, b) in (('active', ('dense_active', 'moe')), ('total', ('moe', 'dense_total'))):
+            if a in roles and b in roles:
+                per_seed = paired(runs[roles[a]], runs[roles[b]])
+                if per_seed:
+                    mean, std = mean_std(list(per_seed.values()))
+                    fam['gaps'][gap] = {'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed}
+                else:
+                    warn(f'{roles[a]} and {roles[b]} share no seed: no {gap} gap')
+                curves[gap] = gap_vs_tokens(runs[roles[a]], runs[roles[b]])
+        tokens = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
+        fam['gap_vs_tokens'] = {'tokens': tokens, **{gap: [c[t] for t in tokens] for gap, c in curves.items()}}
+        out['families'][family] = fam
+    # the top-level gaps are the first complete family's (paper scale sorts first), as scripts expect
+    main = next((f for f in out['families'].values() if len(f['configs']) == 3), None) or \
+        next(iter(out['families'].values()), {'gaps': {}, 'gap_vs_tokens': {}})
+    out['gaps'], out['gap_vs_tokens'] = main['gaps'], main['gap_vs_tokens']
+    out['diagnostics'] = {name: c['diagnostics'] for name, c in configs.items() if 'diagnostics' in c}
+    return out
+
+
+def markdown(summary, runs, warnings, plots):
+    f = lambda m, s: f'{m:.4f} ± {s:.4f}'
+    lines = ['# tinymoe report', '', f'Runs: {sum(len(s) for s in runs.values())} in {len(runs)} configs. '
+             'Best validation loss (CE on the fixed validation set) per run; mean ± sample std over seeds.', '',
+             '| config | role | total params | active params | seeds | best val loss | paper |',
+             '|---|---|---|---|---|---|---|']
+    for name, c in summary['configs'].items():
+        paper = f(*PAPER[c['role']]) if name in ROLES else ''
+        lines.append(f'| {name} | {c["role"] or "-"} | {c["total"]:,} | {c["active"]:,} | '
+                     f'{",".join(c["seeds"])} | {f(c["mean"], c["std"])} | {paper} |')
+    for family, fam in summary['families'].items():
+        title = family.rstrip('_') or 'paper scale'
+        lines += ['', f'## Gaps: {title}', '',
+                  'Seed-paired differences of best validation loss; positive = the first model is worse.', '',
+                  '| gap | mean ± std | seeds | per seed | paper |', '|---|---|---|---|---|']
+        for gap, label in (('active', 'matched-active: dense_active - moe'), ('total', 'matched-total: moe - dense_total')):
+            if gap in fam['gaps']:
+                g = fam['gaps'][gap]
+                per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
+                paper = f'{PAPER_GAPS[gap]:+.4f}' if not family else ''
+                lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {g["n"]} | {per_seed} | {paper} |')
+            else:
+                lines.append(f'| {label} | missing | | | |')
+        curve = fam['gap_vs_tokens']
+        if curve['tokens']:
+            lines += ['', 'Gap versus training tokens (mean over paired seeds, val loss at each eval):', '',
+                      '| tokens | ' + ' | '.join(g for g in ('active', 'total') if g in curve) + ' |',
+                      '|---|' + '---|' * sum(g in curve for g in ('active', 'total'))]
+            for i, t in enumerate(curve['tokens']):
+                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join(f'{curve[g][i]:+.4f}' for g in ('active', 'total')
+                                                               if g in curve) + ' |')
+    if summary['diagnostics']:
+        lines += ['', '## Routing at the best checkpoint', '',
+                  'Mean over MoE layers, on the validation set; mean ± std over seeds. busiest_frac is the largest '
+                  'expert share (1/n_experts = perfect balance, 1.0 = collapsed); router_entropy in nats.', '',
+                  '| config | ' + ' | '.join(ROUTING) + ' |', '|---|' + '---|' * len(ROUTING)]
+        for name, d in summary['diagnostics'].items():
+            lines.append(f'| {name} | ' + ' | '.join(f'{d[k]["mean"]:.4f} ± {d[k]["std"]:.4f}' for k in ROUTING) + ' |')
+    if plots:
+        lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
+    if warnings:
+        lines += ['', '## Missing or incomplete', ''] + [f'- {w}' for w in warnings]
+    return '\n'.join(lines) + '\n'
+
+
+def plot(summary, runs, out_dir):
+    """PNG files next to report.md: val loss vs tokens, both gaps vs tokens, expert load over training."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    written = []
+    for family, fam in summary['families'].items():
+        tag = family.rstrip('_') or 'paper'
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for role in ROLES:
+            if role not in fam['configs']:
+                continue
+            seeds = runs[fam['configs'][role]].values()
+            tokens = sorted(set.intersection(*({r['tokens'] for r in s['evals']} for s in seeds)))
+            tokens = [t for t in tokens if t > 0]  # the untrained model's loss would squash the axis
+            curves = [[{r['tokens']: r['val_loss'] for r in s['evals']}[t] for t in tokens] for s in seeds]
+            mean = [sum(v) / len(v) for v in zip(*curves)]
+            ax.plot(tokens, mean, label=f'{fam["configs"][role]} ({len(curves)} seeds)')
+            ax.fill_between(tokens, [min(v) for v in zip(*curves)], [max(v) for v in zip(*curves)], alpha=0.25)
+        ax.set(xlabel='training tokens', ylabel='validation loss', title=f'{tag}: validation loss (band: min-max over seeds)')
+        ax.set_ylim(top=min(ax.get_ylim()[1], 1.5 * max(ax.get_ylim()[0], 1e-3)))
+        ax.legend()
+        written.append(save(fig, out_dir, f'{tag}_val_loss.png'))
+
+        curve = fam['gap_vs_tokens']
+        if curve['tokens']:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            for gap, label in (('active', 'dense_active - moe'), ('total', 'moe - dense_total')):
+                if gap in curve:
+                    ax.plot(curve['tokens'], curve[gap], marker='o', label=f'{gap} gap: {label}')
+            ax.axhline(0, color='gray', lw=0.8)
+            ax.set(xlabel='training tokens', ylabel='val loss difference', title=f'{tag}: gaps over training (mean over seeds)')
+            ax.legend()
+            written.append(save(fig, out_dir, f'{tag}_gaps.png'))
+
+    moe_runs = [name for name in summary['diagnostics']]
+    if moe_runs:
+        fig, axes = plt.subplots(1, len(moe_runs), figsize=(4.5 * len(moe_runs), 3.8), squeeze=False)
+        for ax, name in zip(axes[0], moe_runs):
+            seed = min(runs[name])
+            evals = [r for r in runs[name][seed]['evals'] if 'load' in r]
+            for i in range(len(evals[0]['load'])):
+                ax.plot([r['tokens'] for r in evals], [r['load'][i] for r in evals], label=f'expert {i}')
+            ax.set(xlabel='training tokens', ylabel='share of assignments', title=f'{name} s{seed}', ylim=(0, 1))
+            ax.legend(fontsize=7)
+        fig.suptitle('expert load on the validation set (mean over layers)')
+        written.append(save(fig, out_dir, 'expert_load.png'))
+    return written
+
+
+def save(fig, out_dir, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return name
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('runs', nargs='+', help='run folders or globs (e.g. out/cpu_*)')
+    p.add_argument('--out', default='.', help='folder for report.md, report.json and the plots')
+    args = p.parse_args(argv)
+    warnings = []
+    paths = sorted({path for pattern in args.runs for path in (glob.glob(pattern) or [pattern])})
+    runs = load_runs([p for p in paths if os.path.isdir(p)], warnings.append)
+    warnings += [f'skipped {p}: not a folder' for p in paths if not os.path.isdir(p)]
+    if not runs:
+        print('report.py: error: no runs found in ' + ' '.join(args.runs), file=sys.stderr)
+        sys.exit(1)
+    os.makedirs(args.out, exist_ok=True)
+    summary = summarise(runs, warnings.append)
+    plots = plot(summary, runs, args.out)
+    text = markdown(summary, runs, warnings, plots)
+    with open(os.path.join(args.out, 'report.md'), 'w') as f:
+        f.write(text)
+    with open(os.path.join(args.out, 'report.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
+    print(text)
+
+
+if __name__ == '__main__':
+    main()

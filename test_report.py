@@ -1,0 +1,112 @@
+"""report.py on synthetic run folders whose numbers are known exactly."""
+import json
+import math
+import statistics
+
+import pytest
+
+import report
+
+# best val losses by config and seed; the eval curves below end at these values
+BEST = {'cpu_moe': {1: 1.20, 2: 1.22, 3: 1.19},
+        'cpu_dense_active': {1: 1.25, 2: 1.24, 3: 1.26},
+        'cpu_dense_total': {1: 1.18, 2: 1.23, 3: 1.17},
+        'cpu_moe_top1': {1: 1.30}}
+TOKENS = [0, 1000, 2000]
+
+
+def curve(best, seed):
+    """val loss at TOKENS: 5.5 at init, best + 0.1 * seed in the middle, best at the end."""
+    return [5.5, best + 0.1 * seed, best]
+
+
+def write_run(folder, name, seed, total, active, moe):
+    folder.mkdir(parents=True)
+    config = {'config_name': name, 'seed': seed, 'iters': 20, 'params': {'total': total, 'active': active}}
+    (folder / 'config.json').write_text(json.dumps(config))
+    lines, best = [], math.inf
+    for i, (tokens, val) in enumerate(zip(TOKENS, curve(BEST[name][seed], seed))):
+        best = min(best, val)
+        lines.append({'iter': 10 * i, 'tokens': tokens, 'val_loss': val, 'best_val': best})
+        if moe:  # routing stats that identify the eval point: busiest_frac = 0.3 + 0.1 * i + 0.01 * seed
+            lines[-1].update(load=[0.25] * 4, busiest_frac=0.3 + 0.1 * i + 0.01 * seed, usage_var=0.001 * seed,
+                             router_entropy=1.3, log_z=2.0 + seed, dropped_frac=0.0)
+        lines.append({'iter': 10 * i + 5, 'tokens': tokens + 500, 'loss': 3.0, 'ce': 3.0})  # a training line
+    (folder / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+
+
+@pytest.fixture
+def runs(tmp_path):
+    sizes = {'cpu_moe': (270, 160, True), 'cpu_dense_active': (160, 160, False),
+             'cpu_dense_total': (271, 271, False), 'cpu_moe_top1': (270, 105, True)}
+    for n, (name, seeds) in enumerate(BEST.items()):
+        for seed in seeds:  # folder names deliberately say nothing: runs are matched by config.json
+            write_run(tmp_path / 'out' / f'run{n}{seed}', name, seed, *sizes[name])
+    return tmp_path
+
+
+def test_table_gaps_and_curves_are_exact(runs):
+    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
+    r = json.loads((runs / 'rep' / 'report.json').read_text())
+    for name, seeds in BEST.items():
+        c = r['configs'][name]
+        values = list(seeds.values())
+        assert c['seeds'] == {str(s): v for s, v in seeds.items()}
+        assert c['mean'] == pytest.approx(statistics.mean(values))
+        assert c['std'] == pytest.approx(statistics.stdev(values) if len(values) > 1 else 0.0)
+    assert r['configs']['cpu_moe']['role'] == 'moe' and r['configs']['cpu_moe_top1']['role'] is None
+    assert (r['configs']['cpu_moe']['total'], r['configs']['cpu_moe']['active']) == (270, 160)
+
+    active = [BEST['cpu_dense_active'][s] - BEST['cpu_moe'][s] for s in (1, 2, 3)]  # 0.05, 0.02, 0.07
+    total = [BEST['cpu_moe'][s] - BEST['cpu_dense_total'][s] for s in (1, 2, 3)]  # 0.02, -0.01, 0.02
+    for gap, diffs in (('active', active), ('total', total)):
+        g = r['gaps'][gap]
+        assert g['n'] == 3
+        assert g['per_seed'] == {str(s): pytest.approx(d) for s, d in zip((1, 2, 3), diffs)}
+        assert g['mean'] == pytest.approx(statistics.mean(diffs))
+        assert g['std'] == pytest.approx(statistics.stdev(diffs))
+
+    # at 1000 tokens each curve is best + 0.1 * seed, so the paired differences are those of the bests
+    assert r['gap_vs_tokens']['tokens'] == TOKENS
+    assert r['gap_vs_tokens']['active'] == pytest.approx([0.0, statistics.mean(active), statistics.mean(active)])
+    assert r['gap_vs_tokens']['total'] == pytest.approx([0.0, statistics.mean(total), statistics.mean(total)])
+
+    # routing diagnostics come from the best eval point (the last one, i = 2)
+    d = r['diagnostics']['cpu_moe']
+    assert d['busiest_frac']['mean'] == pytest.approx(0.52)  # 0.5 + 0.01 * mean seed (2)
+    assert d['busiest_frac']['std'] == pytest.approx(0.01)
+    assert d['log_z']['mean'] == pytest.approx(4.0) and d['dropped_frac']['mean'] == 0.0
+    assert set(r['diagnostics']) == {'cpu_moe', 'cpu_moe_top1'}
+
+    text = (runs / 'rep' / 'report.md').read_text()
+    assert '| cpu_moe | moe | 270 | 160 | 1,2,3 | 1.2033 ± 0.0153 |' in text
+    for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png'):
+        assert (runs / 'rep' / png).stat().st_size > 1000 and f']({png})' in text
+
+
+def test_missing_runs_are_reported_not_fatal(runs, capsys):
+    import shutil
+    for folder in (runs / 'out').iterdir():
+        config = json.loads((folder / 'config.json').read_text())
+        if config['config_name'] == 'cpu_dense_total' or (config['config_name'] == 'cpu_moe' and config['seed'] == 3):
+            shutil.rmtree(folder)
+    (runs / 'out' / 'junk').mkdir()
+    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
+    r = json.loads((runs / 'rep' / 'report.json').read_text())
+    assert 'total' not in r['gaps'] and r['gaps']['active']['n'] == 2  # seeds 1 and 2 are paired
+    text = capsys.readouterr().out
+    assert 'missing cpu_dense_total' in text and 'skipped' in text and 'junk' in text
+
+
+def test_no_runs_is_one_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        report.main([str(tmp_path / 'nothing*')])
+    assert e.value.code != 0 and 'no runs found' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('name,expected', [('moe', ('', 'moe')), ('cpu_moe', ('cpu_', 'moe')),
+                                           ('cpu_dense_total', ('cpu_', 'dense_total')),
+                                           ('dense_active', ('', 'dense_active')),
+                                           ('cpu_moe_top1', (None, None)), ('moe_noz', (None, None))])
+def test_roles_come_from_config_names(name, expected):
+    assert report.role_of(name) == expected
