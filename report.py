@@ -23,6 +23,7 @@ ROLES = ('dense_active', 'moe', 'dense_total')
 PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012), 'dense_total': (1.5608, 0.0025)}
 PAPER_GAPS = {'active': 0.0758, 'total': 0.0180}
 ROUTING = ('busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac')
+NO_GAP = {'mean': None, 'std': None, 'n': 0, 'per_seed': {}}  # a gap whose two configs share no seed
 
 
 def role_of(name):
@@ -45,21 +46,33 @@ def load_runs(paths, warn):
     """{config name: {seed: run}} from run folders; folders that are not runs are reported and skipped."""
     runs = defaultdict(dict)
     for path in paths:
+        if not os.path.isfile(os.path.join(path, 'config.json')):
+            continue  # not a run folder (e.g. a report folder next to the runs)
         try:
-            config = json.load(open(os.path.join(path, 'config.json')))
-            lines = [json.loads(line) for line in open(os.path.join(path, 'log.jsonl')) if line.strip()]
+            with open(os.path.join(path, 'config.json')) as f:
+                config = json.load(f)
             name, seed = config['config_name'], config['seed']
+            with open(os.path.join(path, 'log.jsonl')) as f:
+                lines = f.read().splitlines()
         except (OSError, ValueError, KeyError, TypeError) as e:
             warn(f'skipped {path}: not a readable run ({type(e).__name__})')
             continue
-        evals = [r for r in lines if 'val_loss' in r]
-        if not evals:
-            warn(f'skipped {path}: no evaluation yet')
+        records = []
+        for line in filter(None, lines):
+            try:
+                records.append(json.loads(line))
+            except ValueError:  # e.g. the last line of a run killed mid-write
+                warn(f'{path}: skipped an unreadable log line')
+        # a diverged (NaN/inf) evaluation is never a best checkpoint
+        evals = [r for r in records if 'val_loss' in r]
+        finite = [r for r in evals if math.isfinite(r['val_loss'])]
+        if not finite:
+            warn(f'skipped {path}: no finite evaluation yet')
             continue
         if seed in runs[name]:
             warn(f'skipped {path}: {name} seed {seed} already comes from {runs[name][seed]["path"]}')
             continue
-        best = min(evals, key=lambda r: r['val_loss'])
+        best = min(finite, key=lambda r: r['val_loss'])
         runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
                             'finished': evals[-1]['iter'] == config.get('iters')}
         if not runs[name][seed]['finished']:
@@ -90,14 +103,22 @@ def summarise(runs, warn):
         seeds = runs[name]
         family, role = role_of(name)
         params = next(iter(seeds.values()))['config']['params']
+        if any(r['config']['params'] != params for r in seeds.values()):
+            warn(f'{name}: seeds have different parameter counts (different overrides under one name?)')
         mean, std = mean_std([r['best']['val_loss'] for r in seeds.values()])
         configs[name] = {'role': role, 'total': params['total'], 'active': params['active'],
                          'seeds': {str(s): seeds[s]['best']['val_loss'] for s in sorted(seeds)},
                          'mean': mean, 'std': std}
-        if 'busiest_frac' in next(iter(seeds.values()))['best']:  # an MoE: routing at the best checkpoint
-            configs[name]['diagnostics'] = {
-                key: dict(zip(('mean', 'std'), mean_std([r['best'][key] for r in seeds.values()])))
-                for key in ROUTING}
+        routed = [r['best'] for r in seeds.values() if 'busiest_frac' in r['best']]  # MoE runs
+        if routed:  # routing at the best checkpoint; older logs without routing keys are left out
+            if len(routed) < len(seeds):
+                warn(f'{name}: {len(seeds) - len(routed)} seed(s) logged no routing statistics')
+            stats = {key: [b[key] for b in routed] for key in ROUTING}
+            stats['load'] = list(zip(*(b['load'] for b in routed)))  # per expert, over seeds
+            configs[name]['diagnostics'] = {key: dict(zip(('mean', 'std'), mean_std(values)))
+                                            for key, values in stats.items() if key != 'load'}
+            configs[name]['diagnostics']['load'] = [dict(zip(('mean', 'std'), mean_std(list(v))))
+                                                    for v in stats['load']]
         if role:
             families[family][role] = name
 
@@ -106,7 +127,7 @@ def summarise(runs, warn):
         missing = [family + r for r in ROLES if r not in roles]
         if missing:
             warn(f'family {family or "(paper scale)"}: missing {", ".join(missing)}; its gaps are incomplete')
-        fam = {'configs': roles, 'gaps': {}, 'gap_vs_tokens': {'tokens': [], 'active': [], 'total': []}}
+        fam = {'configs': roles, 'gaps': {gap: NO_GAP for gap in ('active', 'total')}}
         curves = {}
         for gap, (a, b) in (('active', ('dense_active', 'moe')), ('total', ('moe', 'dense_total'))):
             if a in roles and b in roles:
@@ -118,12 +139,14 @@ def summarise(runs, warn):
                     warn(f'{roles[a]} and {roles[b]} share no seed: no {gap} gap')
                 curves[gap] = gap_vs_tokens(runs[roles[a]], runs[roles[b]])
         tokens = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
-        fam['gap_vs_tokens'] = {'tokens': tokens, **{gap: [c[t] for t in tokens] for gap, c in curves.items()}}
+        fam['gap_vs_tokens'] = {'tokens': tokens, **{gap: [curves[gap][t] for t in tokens] if gap in curves else []
+                                                     for gap in ('active', 'total')}}
         out['families'][family] = fam
     # the top-level gaps are the first complete family's (paper scale sorts first), as scripts expect
-    main = next((f for f in out['families'].values() if len(f['configs']) == 3), None) or \
-        next(iter(out['families'].values()), {'gaps': {}, 'gap_vs_tokens': {}})
-    out['gaps'], out['gap_vs_tokens'] = main['gaps'], main['gap_vs_tokens']
+    headline = next((f for f in out['families'].values() if len(f['configs']) == 3), None) or \
+        next(iter(out['families'].values()), {'gaps': {gap: NO_GAP for gap in ('active', 'total')},
+                                              'gap_vs_tokens': {'tokens': [], 'active': [], 'total': []}})
+    out['gaps'], out['gap_vs_tokens'] = headline['gaps'], headline['gap_vs_tokens']
     out['diagnostics'] = {name: c['diagnostics'] for name, c in configs.items() if 'diagnostics' in c}
     return out
 
@@ -144,7 +167,7 @@ def markdown(summary, runs, warnings, plots):
                   'Seed-paired differences of best validation loss; positive = the first model is worse.', '',
                   '| gap | mean ± std | seeds | per seed | paper |', '|---|---|---|---|---|']
         for gap, label in (('active', 'matched-active: dense_active - moe'), ('total', 'matched-total: moe - dense_total')):
-            if gap in fam['gaps']:
+            if fam['gaps'][gap]['n']:
                 g = fam['gaps'][gap]
                 per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
                 paper = f'{PAPER_GAPS[gap]:+.4f}' if not family else ''
@@ -152,20 +175,21 @@ def markdown(summary, runs, warnings, plots):
             else:
                 lines.append(f'| {label} | missing | | | |')
         curve = fam['gap_vs_tokens']
-        if curve['tokens']:
+        shown = [g for g in ('active', 'total') if curve[g]]
+        if curve['tokens'] and shown:
             lines += ['', 'Gap versus training tokens (mean over paired seeds, val loss at each eval):', '',
-                      '| tokens | ' + ' | '.join(g for g in ('active', 'total') if g in curve) + ' |',
-                      '|---|' + '---|' * sum(g in curve for g in ('active', 'total'))]
+                      '| tokens | ' + ' | '.join(shown) + ' |', '|---|' + '---|' * len(shown)]
             for i, t in enumerate(curve['tokens']):
-                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join(f'{curve[g][i]:+.4f}' for g in ('active', 'total')
-                                                               if g in curve) + ' |')
+                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join(f'{curve[g][i]:+.4f}' for g in shown) + ' |')
     if summary['diagnostics']:
         lines += ['', '## Routing at the best checkpoint', '',
                   'Mean over MoE layers, on the validation set; mean ± std over seeds. busiest_frac is the largest '
-                  'expert share (1/n_experts = perfect balance, 1.0 = collapsed); router_entropy in nats.', '',
-                  '| config | ' + ' | '.join(ROUTING) + ' |', '|---|' + '---|' * len(ROUTING)]
+                  'expert share (1/n_experts = perfect balance, 1.0 = collapsed); router_entropy in nats; load is '
+                  'the share of assignments per expert.', '',
+                  '| config | ' + ' | '.join(ROUTING) + ' | load |', '|---|' + '---|' * (len(ROUTING) + 1)]
         for name, d in summary['diagnostics'].items():
-            lines.append(f'| {name} | ' + ' | '.join(f'{d[k]["mean"]:.4f} ± {d[k]["std"]:.4f}' for k in ROUTING) + ' |')
+            lines.append(f'| {name} | ' + ' | '.join(f'{d[k]["mean"]:.4f} ± {d[k]["std"]:.4f}' for k in ROUTING) +
+                         ' | ' + ', '.join(f'{e["mean"]:.3f}' for e in d['load']) + ' |')
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:
@@ -189,11 +213,15 @@ def plot(summary, runs, out_dir):
             tokens = sorted(set.intersection(*({r['tokens'] for r in s['evals']} for s in seeds)))
             tokens = [t for t in tokens if t > 0]  # the untrained model's loss would squash the axis
             curves = [[{r['tokens']: r['val_loss'] for r in s['evals']}[t] for t in tokens] for s in seeds]
+            if not tokens:
+                continue
             mean = [sum(v) / len(v) for v in zip(*curves)]
             ax.plot(tokens, mean, label=f'{fam["configs"][role]} ({len(curves)} seeds)')
             ax.fill_between(tokens, [min(v) for v in zip(*curves)], [max(v) for v in zip(*curves)], alpha=0.25)
         ax.set(xlabel='training tokens', ylabel='validation loss', title=f'{tag}: validation loss (band: min-max over seeds)')
-        ax.set_ylim(top=min(ax.get_ylim()[1], 1.5 * max(ax.get_ylim()[0], 1e-3)))
+        low = min((line.get_ydata().min() for line in ax.get_lines()), default=None)
+        if low is not None and math.isfinite(low):  # early losses would squash the interesting end
+            ax.set_ylim(top=min(ax.get_ylim()[1], 1.5 * low))
         ax.legend()
         written.append(save(fig, out_dir, f'{tag}_val_loss.png'))
 
@@ -201,7 +229,7 @@ def plot(summary, runs, out_dir):
         if curve['tokens']:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             for gap, label in (('active', 'dense_active - moe'), ('total', 'moe - dense_total')):
-                if gap in curve:
+                if curve[gap]:
                     ax.plot(curve['tokens'], curve[gap], marker='o', label=f'{gap} gap: {label}')
             ax.axhline(0, color='gray', lw=0.8)
             ax.set(xlabel='training tokens', ylabel='val loss difference', title=f'{tag}: gaps over training (mean over seeds)')
@@ -212,7 +240,7 @@ def plot(summary, runs, out_dir):
     if moe_runs:
         fig, axes = plt.subplots(1, len(moe_runs), figsize=(4.5 * len(moe_runs), 3.8), squeeze=False)
         for ax, name in zip(axes[0], moe_runs):
-            seed = min(runs[name])
+            seed = min(s for s in runs[name] if any('load' in r for r in runs[name][s]['evals']))
             evals = [r for r in runs[name][seed]['evals'] if 'load' in r]
             for i in range(len(evals[0]['load'])):
                 ax.plot([r['tokens'] for r in evals], [r['load'][i] for r in evals], label=f'expert {i}')
@@ -229,6 +257,17 @@ def save(fig, out_dir, name):
     import matplotlib.pyplot as plt
     plt.close(fig)
     return name
+
+
+def finite_or_none(x):
+    """NaN and inf (a diverged run) as null, so that report.json stays strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_none(v) for v in x]
+    return x
 
 
 def main(argv=None):
@@ -250,7 +289,7 @@ def main(argv=None):
     with open(os.path.join(args.out, 'report.md'), 'w') as f:
         f.write(text)
     with open(os.path.join(args.out, 'report.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+        json.dump(finite_or_none(summary), f, indent=2)
     print(text)
 
 

@@ -16,8 +16,8 @@ TOKENS = [0, 1000, 2000]
 
 
 def curve(best, seed):
-    """val loss at TOKENS: 5.5 at init, best + 0.1 * seed in the middle, best at the end."""
-    return [5.5, best + 0.1 * seed, best]
+    """val loss at TOKENS: 5.5 at init, the best in the middle, a little worse at the end."""
+    return [5.5, best, best + 0.01 * seed]
 
 
 def write_run(folder, name, seed, total, active, moe):
@@ -66,14 +66,15 @@ def test_table_gaps_and_curves_are_exact(runs):
         assert g['mean'] == pytest.approx(statistics.mean(diffs))
         assert g['std'] == pytest.approx(statistics.stdev(diffs))
 
-    # at 1000 tokens each curve is best + 0.1 * seed, so the paired differences are those of the bests
+    # at 1000 and 2000 tokens the seed-paired differences are those of the bests
     assert r['gap_vs_tokens']['tokens'] == TOKENS
     assert r['gap_vs_tokens']['active'] == pytest.approx([0.0, statistics.mean(active), statistics.mean(active)])
     assert r['gap_vs_tokens']['total'] == pytest.approx([0.0, statistics.mean(total), statistics.mean(total)])
 
-    # routing diagnostics come from the best eval point (the last one, i = 2)
+    # routing diagnostics come from the best eval point (the middle one, i = 1), not the last
     d = r['diagnostics']['cpu_moe']
-    assert d['busiest_frac']['mean'] == pytest.approx(0.52)  # 0.5 + 0.01 * mean seed (2)
+    assert d['busiest_frac']['mean'] == pytest.approx(0.42)  # 0.4 + 0.01 * mean seed (2)
+    assert [e['mean'] for e in d['load']] == pytest.approx([0.25] * 4)
     assert d['busiest_frac']['std'] == pytest.approx(0.01)
     assert d['log_z']['mean'] == pytest.approx(4.0) and d['dropped_frac']['mean'] == 0.0
     assert set(r['diagnostics']) == {'cpu_moe', 'cpu_moe_top1'}
@@ -91,11 +92,35 @@ def test_missing_runs_are_reported_not_fatal(runs, capsys):
         if config['config_name'] == 'cpu_dense_total' or (config['config_name'] == 'cpu_moe' and config['seed'] == 3):
             shutil.rmtree(folder)
     (runs / 'out' / 'junk').mkdir()
+    (runs / 'out' / 'junk' / 'config.json').write_text('{"seed": 1}')  # no config_name
     report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
     r = json.loads((runs / 'rep' / 'report.json').read_text())
-    assert 'total' not in r['gaps'] and r['gaps']['active']['n'] == 2  # seeds 1 and 2 are paired
+    assert r['gaps']['total'] == {'mean': None, 'std': None, 'n': 0, 'per_seed': {}}
+    assert r['gaps']['active']['n'] == 2  # seeds 1 and 2 are paired
+    assert r['gap_vs_tokens']['total'] == [] and len(r['gap_vs_tokens']['active']) == 3
     text = capsys.readouterr().out
     assert 'missing cpu_dense_total' in text and 'skipped' in text and 'junk' in text
+    assert '| cpu_moe | moe |' in text and (runs / 'rep' / 'cpu_val_loss.png').exists()
+
+
+def test_diverged_truncated_and_old_logs_do_not_break_the_report(runs):
+    import math as m
+    folders = {json.loads((f / 'config.json').read_text())['config_name'] + str(json.loads((f / 'config.json').read_text())['seed']): f
+               for f in (runs / 'out').iterdir()}
+    # seed 2 of the MoE diverged after its first real eval, and its log ends in half a line
+    log = folders['cpu_moe2'] / 'log.jsonl'
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    lines[4]['val_loss'] = float('nan')
+    log.write_text(''.join(json.dumps(x) + '\n' for x in lines) + '{"iter": 3')
+    # seed 3 is an old log without routing statistics
+    log = folders['cpu_moe3'] / 'log.jsonl'
+    log.write_text(''.join(json.dumps({k: v for k, v in json.loads(x).items() if k not in report.ROUTING + ('load',)}) + '\n'
+                           for x in log.read_text().splitlines()))
+    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
+    r = json.loads((runs / 'rep' / 'report.json').read_text())  # strict JSON: NaN would not parse back as null
+    assert r['configs']['cpu_moe']['seeds']['2'] == pytest.approx(1.22)  # the best finite eval
+    assert r['diagnostics']['cpu_moe']['busiest_frac']['mean'] == pytest.approx((0.41 + 0.42) / 2)  # seeds 1, 2
+    assert not m.isnan(r['configs']['cpu_moe']['mean'])
 
 
 def test_no_runs_is_one_clear_error(tmp_path, capsys):

@@ -446,3 +446,20 @@ def test_data_of_another_vocabulary_is_refused(prepared):
     out = run('train.py', 'config/moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "wrong_vocab"}')
     assert out.returncode != 0 and 'vocab_size 257' in out.stderr and 'Traceback' not in out.stderr
     assert not (prepared / 'wrong_vocab').exists()
+
+
+def test_eval_routing_statistics_do_not_depend_on_the_eval_batch_size(prepared):
+    from contextlib import nullcontext
+    torch.manual_seed(0)
+    c = config(data_dir=str(prepared / 'data'), eval_tokens=16 * 10)  # 10 windows: batches 3,3,3,1 vs 10
+    model = train.Transformer(c)
+    _, windows = train.load_data(c)
+    cpu = torch.device('cpu')
+    loss_a, a = train.evaluate(model, windows, config(batch_size=3), cpu, nullcontext())
+    loss_b, b = train.evaluate(model, windows, config(batch_size=10), cpu, nullcontext())
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    for key in ('load', 'busiest_frac', 'usage_var', 'router_entropy', 'log_z'):
+        assert a[key] == pytest.approx(b[key], rel=1e-5)
+    # and they are the statistics of all windows at once: the load counts every token's top_k choices
+    _, _, aux = model(windows[:, :-1], windows[:, 1:])
+    assert a['load'] == pytest.approx(train.routing_stats(aux['routing'])['load'], rel=1e-5)

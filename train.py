@@ -331,9 +331,10 @@ class Transformer(nn.Module):
 def routing_stats(routing):
     """Routing health from the per-layer rows of aux['routing'], per layer and as the mean over layers.
     busiest_frac = max_i load_i (1/n_experts is perfect balance, 1.0 a collapsed top-1 router)."""
+    routing = routing.cpu()  # one host sync
     layers = [{'load': row[:-2].tolist(), 'busiest_frac': row[:-2].max().item(),
                'usage_var': row[:-2].var(unbiased=False).item(), 'router_entropy': row[-2].item(),
-               'log_z': row[-1].item()} for row in routing.cpu()]
+               'log_z': row[-1].item()} for row in routing]
     mean = {key: sum(layer[key] for layer in layers) / len(layers)
             for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
     return {'load': routing[:, :-2].mean(dim=0).tolist(), **mean,
