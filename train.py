@@ -231,18 +231,9 @@ class MoE(nn.Module):
             # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
             weights = weights / weights.sum(dim=-1, keepdim=True)
 
-        # dispatch: sort the N*k (token, expert) assignments by expert, so each expert sees one contiguous
-        # slice of tokens; compute each expert on its slice only, then scatter-add back, gate-weighted
-        assignment_expert = experts.flatten()
-        order = assignment_expert.argsort(stable=True)
-        token = order // k  # which token each sorted assignment belongs to
-        counts = torch.bincount(assignment_expert, minlength=E)
-        xs = x[token].split(counts.tolist())
-        ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
-        ys = ys.float() * weights.flatten()[order].unsqueeze(1)  # combine in fp32, also under bf16 autocast
-        y = torch.zeros(x.shape, device=x.device).index_add_(0, token, ys).to(x.dtype)
+        y = self.dispatch(x, weights, experts)
 
-        load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
+        load = torch.bincount(experts.flatten(), minlength=E).float() / (N * k)  # f_i: share of assignments
         log_z = torch.logsumexp(logits, dim=-1)
         with torch.no_grad():  # routing health for the logs: a few reductions over (N, E), no host sync
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()  # nats, at most ln(E)
@@ -254,6 +245,18 @@ class MoE(nn.Module):
             'routing': routing,
         }
         return y.view(shape), aux
+
+    def dispatch(self, x, weights, experts):
+        """Sort the N*k (token, expert) assignments by expert, so that each expert sees one contiguous slice
+        of tokens; run each expert on its slice only, then scatter-add back, gate-weighted."""
+        k = experts.shape[1]
+        order = experts.flatten().argsort(stable=True)
+        token = order // k  # which token each sorted assignment belongs to
+        counts = torch.bincount(experts.flatten(), minlength=self.n_experts)
+        xs = x.index_select(0, token).split(counts.tolist())  # (index_select: a cheaper backward than x[token])
+        ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
+        ys = ys.float() * weights.flatten()[order].unsqueeze(1)  # combine in fp32, also under bf16 autocast
+        return torch.zeros(x.shape, device=x.device).index_add_(0, token, ys).to(x.dtype)
 
 
 class Block(nn.Module):

@@ -1,0 +1,116 @@
+"""
+What does the MoE cost? Times training steps of the MoE, dense_active, dense_total and a naive MoE.
+
+    python bench.py config/cpu_moe.py                  # eager, on this machine's device
+    python bench.py config/cpu_moe.py --compile=True --steps=20
+
+All four models come from the given config's shared recipe (only the FFN differs, as in training). The
+naive MoE is the simplest correct implementation: every expert runs on every token and the outputs are
+combined with the sparse top-k gate weights. Steps (forward, backward, AdamW) run on the same batches,
+the models interleaved, in several rounds; the medians are reported. The last line is one JSON object.
+Any other --key=value is a train.py config override.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import train
+
+
+class NaiveMoE(train.MoE):
+    """The reference: each expert on all N tokens (E x the FFN compute), then the gate-weighted sum."""
+
+    def dispatch(self, x, weights, experts):
+        gates = torch.zeros(x.shape[0], self.n_experts, device=x.device).scatter(1, experts, weights)
+        h = F.silu(torch.einsum('nd,edh->enh', x, self.gate)) * torch.einsum('nd,edh->enh', x, self.up)
+        return torch.einsum('enh,ehd,ne->nd', h, self.down, gates.to(h.dtype))
+
+
+def build(argv):
+    """The four models' configs; the MoE settings of the recipe size the two matched dense models."""
+    variants = {'moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0'],
+                'dense_active': ["--ffn='dense'", "--match='active'", '--ffn_hidden=0'],
+                'dense_total': ["--ffn='dense'", "--match='total'", '--ffn_hidden=0'],
+                'naive_moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0']}
+    return {name: train.configure(argv + extra) for name, extra in variants.items()}
+
+
+def flops_per_token(c):
+    """Training FLOPs per token: 6 x active matmul params (embedding lookup excluded, tied head included)
+    plus causal attention scores and values, 6 * n_layer * block_size * d_model."""
+    n = train.count_params(c)
+    matmul = n['active'] - n['norms']  # the embedding table is used once more, as the lm_head
+    return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
+
+
+def main(argv):
+    steps = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--steps=')), 10)
+    rounds = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--rounds=')), 3)
+    argv = [a for a in argv if not a.startswith(('--steps=', '--rounds='))]
+    configs = build(argv)
+    c = configs['moe']
+    device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
+                          'cpu' if c.device == 'auto' else c.device)
+    use_compile = device.type == 'cuda' if c.compile is None else c.compile
+    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else train.nullcontext()
+    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+
+    models = {}
+    for name, cfg in configs.items():
+        torch.manual_seed(0)
+        model = train.Transformer(cfg).to(device)
+        if name == 'naive_moe':  # the same weights, computed the naive way
+            for block in model.blocks:
+                block.ffn.__class__ = NaiveMoE
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == 'cuda')
+        models[name] = (torch.compile(model) if use_compile else model, opt, cfg)
+
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, c.vocab_size, (c.batch_size, c.block_size + 1), generator=g).to(device)
+               for _ in range(steps)]
+
+    def step(model, opt, cfg, batch):
+        with autocast:
+            _, ce, aux = model(batch[:, :-1], batch[:, 1:])
+            loss = train.training_loss(ce, aux, cfg)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for model, opt, cfg in models.values():  # warm-up: compilation, allocator, first-call costs
+        for batch in batches[:3]:
+            step(model, opt, cfg, batch)
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for batch in batches:  # interleaved step by step: drifts of the machine hit all models alike
+            for name, (model, opt, cfg) in models.items():
+                sync()
+                t0 = time.perf_counter()
+                step(model, opt, cfg, batch)
+                sync()
+                times[name].append(time.perf_counter() - t0)
+
+    tokens = c.batch_size * c.block_size
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    print(f'{c.config_name} recipe on {device.type}{" compiled" if use_compile else " eager"}: {tokens} tokens '
+          f'per step, median of {rounds} x {steps} steps')
+    print(f'{"model":<13} {"total":>11} {"active":>11} {"ms/step":>9} {"tokens/s":>10} {"GFLOP/s":>9}')
+    for name, cfg in configs.items():
+        n = train.count_params(cfg)
+        gflops = flops_per_token(cfg) * tokens / ms[name] * 1e-6
+        print(f'{name:<13} {n["total"]:>11,} {n["active"]:>11,} {ms[name]:>9.1f} {tokens / ms[name] * 1e3:>10,.0f} '
+              f'{gflops:>9.1f}')
+    result = {'device': device.type, 'compile': use_compile, 'ms_per_step': ms,
+              'tokens_per_s': {name: tokens / v * 1e3 for name, v in ms.items()},
+              'moe_over_dense_active': ms['moe'] / ms['dense_active'],
+              'naive_over_moe': ms['naive_moe'] / ms['moe'],
+              'dense_total_over_moe': ms['dense_total'] / ms['moe']}
+    print(json.dumps(result))
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
