@@ -53,10 +53,7 @@ def main(argv):
     argv = [a for a in argv if not a.startswith(('--steps=', '--rounds='))]
     configs = build(argv)
     c = configs['moe']
-    device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
-                          'cpu' if c.device == 'auto' else c.device)
-    use_compile = device.type == 'cuda' if c.compile is None else c.compile
-    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else train.nullcontext()
+    device, use_compile, autocast = train.setup_device(c)  # as in training
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
 
     models = {}

@@ -478,6 +478,16 @@ def save_checkpoint(path, state):
 
 
 # ----------------------------------------------------------------------------- training
+def setup_device(c):
+    """-> (device, whether to compile, autocast context): bf16 autocast and compile on GPU; plain fp32 and
+    eager on CPU, where bf16 is slow and the models are small (config keys device and compile override)."""
+    device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
+                          'cpu' if c.device == 'auto' else c.device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+    return device, device.type == 'cuda' if c.compile is None else c.compile, autocast
+
+
 def main(argv):
     c = configure(argv)
     if c.print_params:
@@ -492,12 +502,7 @@ def main(argv):
     except OSError as e:
         die(f'cannot write to out_dir {c.out_dir!r}: {e.strerror}')
 
-    device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
-                          'cpu' if c.device == 'auto' else c.device)
-    use_compile = device.type == 'cuda' if c.compile is None else c.compile
-    # bf16 autocast on GPU; plain fp32 on CPU, where bf16 is slow and the models are small
-    autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
-    torch.backends.cuda.matmul.allow_tf32 = True
+    device, use_compile, autocast = setup_device(c)
     torch.manual_seed(c.seed)
 
     model = Transformer(c).to(device)
