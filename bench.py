@@ -24,7 +24,7 @@ import train
 class NaiveMoE(train.MoE):
     """The reference: each expert on all N tokens (E x the FFN compute), then the gate-weighted sum."""
 
-    def dispatch(self, x, weights, experts):
+    def dispatch(self, x, weights, experts, counts):
         gates = torch.zeros(x.shape[0], self.n_experts, device=x.device).scatter(1, experts, weights)
         h = F.silu(torch.einsum('nd,edh->enh', x, self.gate)) * torch.einsum('nd,edh->enh', x, self.up)
         return torch.einsum('enh,ehd,ne->nd', h, self.down, gates.to(h.dtype))

@@ -231,9 +231,10 @@ class MoE(nn.Module):
             # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
             weights = weights / weights.sum(dim=-1, keepdim=True)
 
-        y = self.dispatch(x, weights, experts)
+        counts = torch.bincount(experts.flatten(), minlength=E)  # assignments per expert
+        y = self.dispatch(x, weights, experts, counts)
 
-        load = torch.bincount(experts.flatten(), minlength=E).float() / (N * k)  # f_i: share of assignments
+        load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
         log_z = torch.logsumexp(logits, dim=-1)
         with torch.no_grad():  # routing health for the logs: a few reductions over (N, E), no host sync
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()  # nats, at most ln(E)
@@ -246,13 +247,12 @@ class MoE(nn.Module):
         }
         return y.view(shape), aux
 
-    def dispatch(self, x, weights, experts):
+    def dispatch(self, x, weights, experts, counts):
         """Sort the N*k (token, expert) assignments by expert, so that each expert sees one contiguous slice
         of tokens; run each expert on its slice only, then scatter-add back, gate-weighted."""
         k = experts.shape[1]
         order = experts.flatten().argsort(stable=True)
         token = order // k  # which token each sorted assignment belongs to
-        counts = torch.bincount(experts.flatten(), minlength=self.n_experts)
         xs = x.index_select(0, token).split(counts.tolist())  # (index_select: a cheaper backward than x[token])
         ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
         ys = ys.float() * weights.flatten()[order].unsqueeze(1)  # combine in fp32, also under bf16 autocast
