@@ -10,7 +10,7 @@ PAPER_RUNS := $(call runs,moe dense_active dense_total)
 # out/cpu_dense_total-s2/latest.pt -> python train.py config/cpu_dense_total.py --seed=2
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*))
 
-.PHONY: setup test cpu paper
+.PHONY: setup test cpu paper bench
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -24,6 +24,16 @@ cpu: setup $(CPU_RUNS)
 	$(PYTHON) report.py $(dir $(CPU_RUNS)) --out out/report-cpu
 paper: setup $(PAPER_RUNS)
 	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
+
+# what the MoE costs per training step here (bench.py), at the CPU recipe's width, eager and compiled, and wider
+BENCH = $(PYTHON) bench.py config/cpu_moe.py
+bench: setup
+	mkdir -p results/bench
+	$(BENCH) > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
+	$(BENCH) --compile=True > results/bench/cpu_moe_compiled.txt && cat results/bench/cpu_moe_compiled.txt
+	$(BENCH) --d_model=96 --n_head=3 --moe_hidden=192 > results/bench/cpu_moe_d96_eager.txt && cat results/bench/cpu_moe_d96_eager.txt
+	$(BENCH) --d_model=160 --n_head=5 --moe_hidden=1632 --ffn_multiple_of=32 --steps=4 --rounds=2 \
+		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt
 
 data/tinystories_bytes/meta.json:
 	$(PYTHON) prepare.py --input $(TINYSTORIES) --tokenizer bytes --out_dir data/tinystories_bytes

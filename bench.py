@@ -3,6 +3,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
 
     python bench.py config/cpu_moe.py                  # eager, on this machine's device
     python bench.py config/cpu_moe.py --compile=True --steps=20
+    python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes, op by op
 
 All four models come from the given config's shared recipe (only the FFN differs, as in training). The
 naive MoE is the simplest correct implementation: every expert runs on every token and the outputs are
@@ -25,9 +26,10 @@ class NaiveMoE(train.MoE):
     """The reference: each expert on all N tokens (E x the FFN compute), then the gate-weighted sum."""
 
     def dispatch(self, x, weights, experts, counts):
-        gates = torch.zeros(x.shape[0], self.n_experts, device=x.device).scatter(1, experts, weights)
+        N = x.shape[0]  # weights and experts are slot-major: assignment a is token a % N
+        gates = torch.zeros(self.n_experts, N, device=x.device).scatter(0, experts.view(-1, N), weights.view(-1, N))
         h = F.silu(torch.einsum('nd,edh->enh', x, self.gate)) * torch.einsum('nd,edh->enh', x, self.up)
-        return torch.einsum('enh,ehd,ne->nd', h, self.down, gates.to(h.dtype))
+        return torch.einsum('enh,ehd,en->nd', h, self.down, gates.to(h.dtype))
 
 
 def build(argv):
@@ -47,10 +49,28 @@ def flops_per_token(c):
     return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
 
 
+def print_profile_difference(models, batches, step, top=15):
+    """torch.profiler over the same steps of moe and dense_active: the ops where the MoE spends more time.
+    Self CPU time: on a CPU that is the compute; on a GPU it is the launch overhead (use nsys for kernels)."""
+    from torch.profiler import profile
+    self_ms = {}
+    for name in ('moe', 'dense_active'):
+        with profile() as prof:
+            for batch in batches:
+                step(*models[name], batch)
+        self_ms[name] = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    extra = {op: (self_ms['moe'].get(op, 0) - self_ms['dense_active'].get(op, 0)) / 1e3 / len(batches)
+             for op in self_ms['moe'].keys() | self_ms['dense_active'].keys()}
+    print(f'where the MoE spends more than dense_active (self CPU time, ms per step, top {top}):')
+    for op, ms in sorted(extra.items(), key=lambda kv: -kv[1])[:top]:
+        print(f'  {ms:+8.2f}  {op}')
+
+
 def main(argv):
     steps = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--steps=')), 10)
     rounds = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--rounds=')), 3)
-    argv = [a for a in argv if not a.startswith(('--steps=', '--rounds='))]
+    profile = '--profile=True' in argv
+    argv = [a for a in argv if not a.startswith(('--steps=', '--rounds=', '--profile='))]
     configs = build(argv)
     c = configs['moe']
     device, use_compile, autocast = train.setup_device(c)  # as in training
@@ -91,6 +111,8 @@ def main(argv):
                 sync()
                 times[name].append(time.perf_counter() - t0)
 
+    if profile:
+        print_profile_difference(models, batches, step)
     tokens = c.batch_size * c.block_size
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     print(f'{c.config_name} recipe on {device.type}{" compiled" if use_compile else " eager"}: {tokens} tokens '

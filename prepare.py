@@ -294,8 +294,9 @@ def prepare(args):
     total = meta["train_tokens"] + meta["val_tokens"]
     print(f"train: {meta['train_tokens']:,} tokens, {meta['train_stories']:,} stories")
     print(f"val:   {meta['val_tokens']:,} tokens, {meta['val_stories']:,} stories")
-    print(f"{tok.name}: {total / max(seconds, 1e-9):,.0f} tokens/s with {args.num_proc} processes; "
-          f"wrote {', '.join(final.values())}")
+    rate = total / max(seconds, 1e-9)
+    print(f"{tok.name}: {rate:,.0f} tokens/s with {args.num_proc} processes; wrote {', '.join(final.values())}")
+    return {"tokens": total, "tokens_per_s": rate}
 
 
 if __name__ == "__main__":

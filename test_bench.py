@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import bench
@@ -29,13 +30,82 @@ def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
 
 def test_bench_prints_a_table_and_ends_with_the_json_line():
     out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--steps=2', '--rounds=1',
-                          '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1'],
+                          '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1',
+                          '--profile=True'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any(line.startswith('naive_moe') for line in lines)
+    top = lines.index(next(line for line in lines if line.startswith('where the MoE spends more')))
+    extra = [float(line.split()[0]) for line in lines[top + 1:top + 16]]  # '   +1.23  aten::mm' lines
+    assert len(extra) == 15 and extra == sorted(extra, reverse=True)
     result = json.loads(lines[-1])
     assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}
     ms = result['ms_per_step']
     assert result['moe_over_dense_active'] == ms['moe'] / ms['dense_active']
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
+
+
+def test_grouped_mm_path_equals_the_expert_loop(monkeypatch):
+    """The GPU path (one grouped_mm per matrix for all experts) against the CPU loop over experts: same
+    outputs and gradients. F.grouped_mm also runs on a CPU in fp32, slowly, so the path is tested here."""
+    torch.manual_seed(0)
+    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
+    x = torch.randn(3, 11, 16)
+    results = []
+    for grouped in (False, True):
+        monkeypatch.setattr(train, 'grouped_mm_ok', lambda xs: grouped)
+        moe.zero_grad()
+        xg = x.clone().requires_grad_()
+        y, aux = moe(xg)
+        (y.square().sum() + aux['lb'] + aux['z']).backward()
+        results.append([y, xg.grad] + [p.grad for p in moe.parameters()])
+    for loop, grouped in zip(*results):
+        torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_moe_training_compiles_once_while_the_routing_changes():
+    """30 compiled training steps at a high learning rate: the tokens per expert change from step to step,
+    yet torch.compile captures one graph and never recompiles (dynamo's counters). aot_eager traces forward
+    and backward as inductor would, without its slow C++ codegen."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    c = config(n_layer=2)
+    model = train.Transformer(c)
+    compiled = torch.compile(model, backend='aot_eager')
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    loads = set()
+    for step in range(30):
+        idx = torch.randint(0, c.vocab_size, (4, c.block_size + 1))
+        _, ce, aux = compiled(idx[:, :-1], idx[:, 1:])
+        train.training_loss(ce, aux, c).backward()
+        opt.step()
+        opt.zero_grad()
+        loads.add(tuple(aux['routing'][0, :c.n_experts].tolist()))
+    assert len(loads) > 20  # the routing really did change
+    assert counters['stats']['unique_graphs'] == 1 and sum(counters['graph_break'].values()) == 0
+    assert counters['stats']['calls_captured'] > 0
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    """scripts/gpu_check.py --device=cpu --tiny: the GPU check's own logic (synthetic memmap, both trainings
+    through train.py, steady-state throughput, MFU, ratio, the JSON file) at toy shapes."""
+    out_file = tmp_path / 'gpu' / 'check.json'
+    out = subprocess.run([sys.executable, 'scripts/gpu_check.py', '--device=cpu', '--tiny', '--steps=6',
+                          f'--out={out_file}'], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.load(open(out_file))
+    assert r == json.loads(out.stdout.strip().splitlines()[-1])
+    moe, dense = r['models']['moe'], r['models']['dense_active']
+    assert r['moe_over_dense_active'] == moe['ms_per_step'] / dense['ms_per_step']
+    for m in (moe, dense):
+        assert m['tokens_per_s'] > 0 and m['mfu'] == m['flops_per_token'] * m['tokens_per_s'] / r['peak_flops']
+    assert moe['params']['total'] > moe['params']['active'] and abs(moe['params']['active'] / dense['params']['active'] - 1) < 0.01
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')
+def test_gpu_check_refuses_cuda_without_a_gpu():
+    out = subprocess.run([sys.executable, 'scripts/gpu_check.py'], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and '--device=cpu --tiny' in out.stderr

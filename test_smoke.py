@@ -408,7 +408,7 @@ def test_compiled_training_runs_and_matches_eager(prepared):
     compiled = torch.compile(model)(idx)[0]
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
     out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "compiled"}',
-              *TINY, '--max_iters=6', '--eval_interval=3', '--compile=True')
+              *TINY, '--n_layer=1', '--max_iters=6', '--eval_interval=3', '--compile=True')
     assert out.returncode == 0, out.stderr
     assert json.load(open(prepared / 'compiled' / 'config.json'))['compile_used'] is True
 

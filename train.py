@@ -155,6 +155,11 @@ def configure(argv):
     return c
 
 
+# The MoE's expert loop (where grouped_mm is not used) needs the tokens per expert as Python ints. Under
+# torch.compile they are traced as symbolic sizes: the model stays one graph, compiled once, whatever the routing.
+torch._dynamo.config.capture_scalar_outputs = True
+
+
 # ----------------------------------------------------------------------------- model
 def linear(d_in, d_out, std):
     layer = nn.Linear(d_in, d_out, bias=False)
@@ -222,41 +227,81 @@ class MoE(nn.Module):
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         N, E, k = x.shape[0], self.n_experts, self.top_k
-        # routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive
+        # Routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive. The logits
+        # are laid out (E, N), experts first, so that every reduction over experts runs along contiguous
+        # rows of N tokens: on a CPU that is 10x faster than reducing N rows of E=4 values each.
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.router.weight.float())  # (N, E)
-        probs = logits.softmax(dim=-1)
-        weights, experts = probs.topk(k, dim=-1)  # (N, k)
+            logits = self.router.weight.float() @ x.float().t()  # (E, N)
+        log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
+        probs = (logits - log_z).exp()  # the softmax over experts
+        weights, experts = probs.topk(k, dim=0)  # (k, N): each token's k experts and their gate weights
         if k > 1:  # Mixtral renormalises its top-k weights to sum to 1. At top-1 that would make every weight
             # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights / weights.sum(dim=0)
 
-        counts = torch.bincount(experts.flatten(), minlength=E)  # assignments per expert
+        experts, weights = experts.flatten(), weights.flatten()  # slot-major: assignment a is token a % N
+        # assignments per expert; not bincount, whose output shape depends on the data (a torch.compile graph break)
+        counts = torch.zeros(E, dtype=torch.long, device=x.device).index_add_(0, experts, torch.ones_like(experts))
         y = self.dispatch(x, weights, experts, counts)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
-        log_z = torch.logsumexp(logits, dim=-1)
-        with torch.no_grad():  # routing health for the logs: a few reductions over (N, E), no host sync
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1).mean()  # nats, at most ln(E)
+        with torch.no_grad():  # routing health for the logs: a few reductions over (E, N), no host sync
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()  # nats, at most ln(E)
             # packed in one row, so that averaging over layers and eval batches is one tensor op
             routing = torch.cat([load, entropy.view(1), log_z.mean().view(1)])  # [load_0..load_E-1, entropy, log_z]
         aux = {
-            'lb': E * (load * probs.mean(dim=0)).sum(),  # Switch: 1.0 when balanced, E when collapsed
+            'lb': E * (load * probs.mean(dim=1)).sum(),  # Switch: 1.0 when balanced, E when collapsed
             'z': log_z.square().mean(),
             'routing': routing,
         }
         return y.view(shape), aux
 
     def dispatch(self, x, weights, experts, counts):
-        """Sort the N*k (token, expert) assignments by expert, so that each expert sees one contiguous slice
-        of tokens; run each expert on its slice only, then scatter-add back, gate-weighted."""
-        k = experts.shape[1]
-        order = experts.flatten().argsort(stable=True)
-        token = order // k  # which token each sorted assignment belongs to
-        xs = x.index_select(0, token).split(counts.tolist())  # (index_select: a cheaper backward than x[token])
-        ys = torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e] for e, xe in enumerate(xs)])
-        ys = ys.float() * weights.flatten()[order].unsqueeze(1)  # combine in fp32, also under bf16 autocast
-        return torch.zeros(x.shape, device=x.device).index_add_(0, token, ys).to(x.dtype)
+        """Run each expert on its tokens only. The N*k assignments (slot-major: assignment a is token a % N)
+        are sorted by expert with one sort, so that expert e reads one contiguous slice of rows; its outputs
+        are put back in assignment order and each token sums its k outputs, gate-weighted."""
+        N, k = x.shape[0], experts.shape[0] // x.shape[0]
+        order = experts.argsort(stable=True)  # sorted row -> assignment
+        rank = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=x.device))  # the inverse
+        xs = permute_rows(x.repeat(k, 1), order, rank)  # (N*k, d), grouped by expert
+        ys = permute_rows(self.experts(xs, counts), rank, order).view(k, N, -1)  # back to assignment order
+        return (ys.float() * weights.view(k, N, 1)).sum(dim=0).to(x.dtype)  # combined in fp32, also under autocast
+
+    def experts(self, xs, counts):
+        """Each expert's SwiGLU on its slice of xs (sorted by expert, counts[e] rows for expert e)."""
+        if torch.is_autocast_enabled(xs.device.type):  # autocast does not cover grouped_mm: cast as it would
+            xs = xs.to(torch.get_autocast_dtype(xs.device.type))
+        if grouped_mm_ok(xs):  # one kernel per matrix for all experts, the slice ends stay on the GPU
+            ends = counts.cumsum(0).to(torch.int32)
+            gate, up, down = (w.to(xs.dtype) for w in (self.gate, self.up, self.down))
+            h = F.silu(F.grouped_mm(xs, gate, offs=ends)) * F.grouped_mm(xs, up, offs=ends)
+            return F.grouped_mm(h, down, offs=ends)
+        # elsewhere a loop over the experts; counts.tolist() waits for the routing, which costs nothing on a CPU
+        return torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e]
+                          for e, xe in enumerate(xs.split(counts.tolist()))])
+
+
+class PermuteRows(torch.autograd.Function):
+    """x[index] for a permutation index. Autograd's gradient of a general gather is a scatter-add (atomic
+    adds in a compiled CPU kernel); a permutation's gradient is just the gather by its inverse."""
+
+    @staticmethod
+    def forward(ctx, x, index, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inverse, = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+permute_rows = PermuteRows.apply
+
+
+def grouped_mm_ok(x):
+    """F.grouped_mm's kernels want bf16 on a CUDA GPU (compute capability 8.0 or newer, as bf16 training does)."""
+    return x.is_cuda and x.dtype == torch.bfloat16
 
 
 class Block(nn.Module):
