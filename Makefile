@@ -1,14 +1,16 @@
 # tinymoe: `make test` runs the tests, `make cpu` the CPU-scale comparison, `make paper` the GPU one.
-# Each installs what it needs first. Finished runs (out/<config>-s<seed>/latest.pt) are skipped.
+# Each installs what it needs first. Finished runs (out/<config>-s<seed>/done.json) are skipped, interrupted
+# ones (a latest.pt but no done.json) are resumed where they stopped.
 PYTHON ?= python
 SEEDS ?= 1 2 3
 TINYSTORIES ?= ../shared/data/tinystories_train_head.txt
 
-runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/latest.pt))
+runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/done.json))
 CPU_RUNS := $(call runs,cpu_moe cpu_dense_active cpu_dense_total)
 PAPER_RUNS := $(call runs,moe dense_active dense_total)
-# out/cpu_dense_total-s2/latest.pt -> python train.py config/cpu_dense_total.py --seed=2
-TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*))
+# out/cpu_dense_total-s2/done.json -> python train.py config/cpu_dense_total.py --seed=2 [--resume=True]
+TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
+	$(if $(wildcard out/$*/log.jsonl),--resume=True)
 
 .PHONY: setup test cpu paper bench
 setup:
@@ -40,7 +42,7 @@ data/tinystories_bytes/meta.json:
 data/tinystories/meta.json:
 	$(PYTHON) prepare.py --out_dir data/tinystories
 
-$(CPU_RUNS): out/%/latest.pt: | data/tinystories_bytes/meta.json
+$(CPU_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
-$(PAPER_RUNS): out/%/latest.pt: | data/tinystories/meta.json
+$(PAPER_RUNS): out/%/done.json: | data/tinystories/meta.json
 	$(TRAIN)

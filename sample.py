@@ -33,7 +33,8 @@ def load_model(out_dir, device):
         model.load_state_dict(ckpt['model'])
         name = ckpt['meta']['tokenizer']
     except Exception as e:  # whatever is wrong with the file, the fix is the same: another checkpoint
-        die(f'{path} is not a usable tinymoe checkpoint for this code ({type(e).__name__}: {str(e)[:200]})')
+        die(f'{path} is not a usable tinymoe checkpoint for this code ({type(e).__name__}: '
+            f'{" ".join(str(e).split())[:200]})')  # one line, however long the error
     try:
         tok = get_tokenizer(name)
     except (OSError, ValueError) as e:  # tiktoken could not fetch its BPE files

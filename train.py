@@ -3,6 +3,8 @@ tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
 
     python train.py config/moe.py --seed=1                  # train (defaults below = the paper recipe)
     python train.py config/dense_total.py --print_params=True  # parameter table, touches no data
+    python train.py config/moe.py --seed=1 --resume=True    # continue an interrupted run exactly
+    torchrun --standalone --nproc_per_node=4 train.py config/moe.py --grad_accum=4 --batch_size=32  # DDP
 
 Read top to bottom: config -> model -> parameter accounting -> data -> training loop.
 The three paper configs share every setting below and differ only in the feed-forward block.
@@ -19,6 +21,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -69,6 +72,8 @@ grad_clip = 1.0
 eval_interval = 250
 eval_tokens = 2**20       # size of the fixed validation set (capped at the whole split)
 log_interval = 50
+ckpt_interval = 250       # steps between saves of out_dir/latest.pt, for resuming (a multiple of log_interval)
+resume = False            # continue the run in out_dir from its latest.pt, exactly as if never stopped
 # system
 device = 'auto'           # 'auto' -> cuda if available, else cpu
 compile = None            # torch.compile; None -> on for CUDA, off for CPU
@@ -132,7 +137,8 @@ def configure(argv):
         if getattr(c, key) not in allowed:
             die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
     for key in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_multiple_of', 'n_experts',
-                'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens', 'log_interval'):
+                'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens', 'log_interval',
+                'ckpt_interval'):
         if getattr(c, key) <= 0:
             die(f'{key} must be positive, got {getattr(c, key)}')
     if c.device != 'auto':
@@ -142,6 +148,8 @@ def configure(argv):
             die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
         if c.device.startswith('cuda') and not torch.cuda.is_available():
             die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+    if c.ckpt_interval % c.log_interval:  # a resumed run then starts on a log line, and its log lines match
+        die(f'ckpt_interval ({c.ckpt_interval}) must be a multiple of log_interval ({c.log_interval})')
     if c.match and (c.ffn != 'dense' or c.ffn_hidden):
         die("match = 'active' | 'total' sizes a dense FFN: use it with ffn = 'dense' and without ffn_hidden")
     if c.d_model % c.n_head or (c.d_model // c.n_head) % 2:
@@ -513,13 +521,32 @@ def evaluate(model, val_windows, c, device, autocast):
 
 
 def save_checkpoint(path, state):
-    """Atomic: write a temp file, fsync, rename. A kill mid-write leaves the previous file intact."""
+    """Atomic: write a temp file, fsync, rename. A kill or an error mid-write leaves the previous file intact."""
     tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_resume_checkpoint(path, c):
+    """latest.pt of an interrupted run, checked against this run's config."""
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        saved = ckpt['config']
+    except Exception as e:
+        die(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
+    may_differ = {'resume', 'device', 'compile', 'out_dir', 'data_dir'}
+    changed = sorted(k for k in CONFIG_KEYS if k not in may_differ and saved.get(k) != getattr(c, k))
+    if changed:
+        die(f'{path} was written with another config ({", ".join(f"{k}={saved.get(k)!r}" for k in changed)}); '
+            'resume with the same settings, or train into another --out_dir')
+    return ckpt
 
 
 # ----------------------------------------------------------------------------- training
@@ -528,6 +555,9 @@ def setup_device(c):
     eager on CPU, where bf16 is slow and the models are small (config keys device and compile override)."""
     device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
                           'cpu' if c.device == 'auto' else c.device)
+    if device.type == 'cuda' and 'LOCAL_RANK' in os.environ:  # torchrun: one GPU per process
+        device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
+        torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
     autocast = torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
     return device, device.type == 'cuda' if c.compile is None else c.compile, autocast
@@ -539,17 +569,22 @@ def main(argv):
         print_param_table(c)
         return
     meta, val_windows = load_data(c)
-    if os.path.exists(os.path.join(c.out_dir, 'log.jsonl')):
-        die(f'{c.out_dir} already holds a run (log.jsonl); choose another --out_dir or remove that folder')
-    try:
-        os.makedirs(c.out_dir, exist_ok=True)
-        log_file = open(os.path.join(c.out_dir, 'log.jsonl'), 'a')
-    except OSError as e:
-        die(f'cannot write to out_dir {c.out_dir!r}: {e.strerror}')
+    # torchrun sets RANK and WORLD_SIZE: one process per GPU (or CPU process), gradients averaged by DDP
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    ddp, master = world > 1, rank == 0
+    if c.grad_accum % world:
+        die(f'grad_accum ({c.grad_accum}) must be a multiple of the number of processes ({world}): '
+            'each process takes its share of the micro-batches of every step')
+    log_path, latest_path = (os.path.join(c.out_dir, name) for name in ('log.jsonl', 'latest.pt'))
+    ckpt = load_resume_checkpoint(latest_path, c) if c.resume and os.path.isfile(latest_path) else None
+    if os.path.exists(log_path) and not c.resume:
+        die(f'{c.out_dir} already holds a run (log.jsonl): continue it with --resume=True, or choose another '
+            '--out_dir (or remove that folder)')
 
     device, use_compile, autocast = setup_device(c)
+    if ddp:
+        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
     torch.manual_seed(c.seed)
-
     model = Transformer(c).to(device)
     params = count_params(c)
     assert params['total'] == sum(p.numel() for p in model.parameters()), 'parameter accounting is off'
@@ -559,8 +594,9 @@ def main(argv):
                                    {'params': no_decay, 'weight_decay': 0.0}],
                                   lr=c.learning_rate, betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
     step_model = torch.compile(model) if use_compile else model
+    train_model = torch.nn.parallel.DistributedDataParallel(step_model) if ddp else step_model
 
-    tokens_per_iter = c.batch_size * c.grad_accum * c.block_size
+    tokens_per_iter = c.batch_size * c.grad_accum * c.block_size  # global: over all processes
     iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps to see at least max_tokens
     if iters <= 0:
         die('nothing to train: set max_tokens or max_iters > 0')
@@ -572,19 +608,36 @@ def main(argv):
         progress = (it - warmup) / max(1, iters - 1 - warmup)
         return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
 
-    with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
-        json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
-                   'device_used': device.type, 'compile_used': use_compile}, f, indent=2)
+    start, best_val = 0, float('inf')
+    if ckpt:  # everything a step depends on: weights, optimizer moments, step number (-> data, lr), RNG
+        model.load_state_dict(ckpt['model'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        start, best_val = ckpt['iter'], ckpt['best_val']
+        torch.set_rng_state(ckpt['rng']['torch'])
+        if device.type == 'cuda' and ckpt['rng']['cuda'] is not None:
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'][0], device)
+    if master:
+        os.makedirs(c.out_dir, exist_ok=True)
+        # lines after the checkpoint come again from the resumed run; so does the evaluation at its step
+        records = [json.loads(line) for line in open(log_path)] if ckpt else []
+        with open(log_path + '.tmp', 'w') as f:
+            f.writelines(json.dumps(r) + '\n' for r in records
+                         if r['iter'] < start or (r['iter'] == start and 'val_loss' not in r))
+        os.replace(log_path + '.tmp', log_path)
+        log_file = open(log_path, 'a')
+        with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
+            json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
+                       'device_used': device.type, 'compile_used': use_compile, 'world_size': world}, f, indent=2)
+        print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M active), '
+              f'{iters} iters x {tokens_per_iter} tokens, {device.type}{" compiled" if use_compile else ""}'
+              f'{f" x {world} processes" if ddp else ""} -> {c.out_dir}' + (f', resumed at iter {start}' if ckpt else
+                                                                            ', nothing to resume: from iter 0' if c.resume else ''))
 
     def log(record):
         log_file.write(json.dumps(record) + '\n')
         log_file.flush()
 
-    print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M active), '
-          f'{iters} iters x {tokens_per_iter} tokens, {device.type}{" compiled" if use_compile else ""} -> {c.out_dir}')
-    best_val = float('inf')
-    sums, n_sums = 0, 0  # running (loss, ce[, lb, z]) since the last log line, summed on the device
-    t_last, tokens_last = time.time(), 0
+    last_saved = start if ckpt else None  # the iter of latest.pt
 
     def checkpoint(name, it):
         save_checkpoint(os.path.join(c.out_dir, name), {
@@ -593,8 +646,18 @@ def main(argv):
             'rng': {'torch': torch.get_rng_state(),
                     'cuda': torch.cuda.get_rng_state_all() if device.type == 'cuda' else None}})
 
-    for it in range(iters + 1):
-        if it % c.eval_interval == 0 or it == iters:
+    def mean_over_processes(t):  # each process logs what it saw; the log shows the mean over all of them
+        if ddp:
+            dist.all_reduce(t)
+            t = t / world
+        return t
+
+    sums, n_sums = 0, 0  # running (loss, ce[, lb, z]) since the last log line, summed on the device
+    first_bad = torch.tensor(iters, device=device)  # first step with a non-finite loss (iters: none), no sync
+    t_last, tokens_last = time.time(), start * tokens_per_iter
+    my_micro = range(rank, c.grad_accum, world)  # this process's share of every step's micro-batches
+    for it in range(start, iters + 1):
+        if master and (it % c.eval_interval == 0 or it == iters):
             val_loss, routing = evaluate(step_model, val_windows, c, device, autocast)
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
@@ -604,22 +667,24 @@ def main(argv):
             if improved:
                 checkpoint('best.pt', it)
             t_last = time.time()  # throughput excludes evaluation
-            tokens_last = it * tokens_per_iter
         if it == iters:
             break
 
         lr = lr_at(it)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        x, y = get_batch(c, it, device)
-        for micro in range(c.grad_accum):
+        x, y = get_batch(c, it, device)  # the whole step's windows, the same in every process
+        for i, micro in enumerate(my_micro):
             rows = slice(micro * c.batch_size, (micro + 1) * c.batch_size)
-            with autocast:
-                _, ce, aux = step_model(x[rows], y[rows])
-                loss = training_loss(ce, aux, c)
-            (loss / c.grad_accum).backward()
+            # DDP averages gradients over processes in the last micro-batch's backward only
+            with train_model.no_sync() if ddp and i < len(my_micro) - 1 else nullcontext():
+                with autocast:
+                    _, ce, aux = train_model(x[rows], y[rows])
+                    loss = training_loss(ce, aux, c)
+                (loss / len(my_micro)).backward()
             sums = sums + torch.stack([loss, ce] + ([aux['lb'], aux['z']] if aux else [])).detach()
             n_sums += 1
+            first_bad = torch.where(loss.isfinite(), first_bad, first_bad.clamp(max=it))
         if c.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
         optimizer.step()
@@ -627,20 +692,40 @@ def main(argv):
 
         done = it + 1  # steps done; `iter` means the same in training and eval lines
         if done % c.log_interval == 0 or done == iters:
-            means = dict(zip(('loss', 'ce', 'lb', 'z'), (sums / n_sums).tolist()))  # .tolist(): one host sync
+            if ddp:
+                dist.all_reduce(first_bad, op=dist.ReduceOp.MIN)
+            if first_bad.item() < iters:  # stop before anything is saved from a broken model
+                have = 'none yet' if last_saved is None else f'{latest_path} (iter {last_saved}), and best.pt'
+                die(f'the loss is not finite (nan or inf) at iter {first_bad.item() + 1}; stopped before saving '
+                    f'anything from it. Last good checkpoint: {have}. Try a lower learning_rate')
+            means = dict(zip(('loss', 'ce', 'lb', 'z'), (mean_over_processes(sums) / n_sums).tolist()))
+            routing = routing_stats(mean_over_processes(aux['routing'])) if aux else {}  # last micro-batch
             tokens = done * tokens_per_iter
             tok_per_s = (tokens - tokens_last) / (time.time() - t_last)
-            routing = routing_stats(aux['routing']) if aux else {}  # on the step's last micro-batch
-            log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s, **routing})
-            print(f'iter {done:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
-                  (f' | busiest {routing["busiest_frac"]:.3f}' if routing else '') +
-                  f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
+            if master:
+                log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s, **routing})
+                print(f'iter {done:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
+                      (f' | busiest {routing["busiest_frac"]:.3f}' if routing else '') +
+                      f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
+                if done % c.ckpt_interval == 0 or done == iters:
+                    checkpoint('latest.pt', done)
+                    last_saved = done
             sums, n_sums = 0, 0
             t_last, tokens_last = time.time(), tokens
 
-    checkpoint('latest.pt', iters)
-    log_file.close()
-    print(f'done: best val loss {best_val:.4f} ({c.out_dir})')
+    if ddp:  # DDP keeps the replicas equal; check it, cheaply, once
+        sums_of_params = torch.stack([p.detach().double().sum() for p in model.parameters()])
+        every = [torch.zeros_like(sums_of_params) for _ in range(world)]
+        dist.all_gather(every, sums_of_params)
+        if master and not all(torch.equal(e, every[0]) for e in every):
+            die('the processes ended with different parameters (DDP replicas diverged)')
+        dist.destroy_process_group()
+    if master:
+        log_file.close()
+        with open(os.path.join(c.out_dir, 'done.json'), 'w') as f:  # the finished-run marker (make skips it)
+            json.dump({'iters': iters, 'tokens': iters * tokens_per_iter, 'best_val': best_val}, f)
+        print(f'done: best val loss {best_val:.4f} ({c.out_dir})' + (f'; all {world} processes hold identical '
+                                                                        'parameters' if ddp else ''))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,191 @@
+"""Resume, crash-safe checkpoints, NaN stops, DDP with torchrun, and bad input: the faults a long run meets."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from test_smoke import REPO, TINY, prepared, run  # noqa: F401 (prepared is a fixture)
+
+RESUMABLE = TINY + ['--ckpt_interval=10']
+
+
+def train_args(prepared, out_dir, *extra):
+    return ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *RESUMABLE, *extra]
+
+
+def log_without_timing(out_dir):
+    """log.jsonl minus tok_per_s, the one field that depends on the wall clock."""
+    return [{k: v for k, v in json.loads(line).items() if k != 'tok_per_s'} for line in open(out_dir / 'log.jsonl')]
+
+
+def test_a_run_killed_anywhere_resumes_bit_for_bit(prepared):
+    """Run A straight through; run B is SIGKILLed as soon as it has a latest.pt, then resumed (twice). On CPU
+    every logged value after the resume equals run A's exactly: data order, LR schedule, optimizer state and
+    RNG are all restored."""
+    out = run(*train_args(prepared, prepared / 'straight'))
+    assert out.returncode == 0, out.stderr
+    b = prepared / 'killed'
+    for attempt in range(2):  # kill, resume, kill the resumed run too, resume again
+        cmd = train_args(prepared, b) + (['--resume=True'] if attempt else [])
+        proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        seen = torch.load(b / 'latest.pt', weights_only=False)['iter'] if attempt else 0
+        while proc.poll() is None:  # wait for a new latest.pt, then kill -9 at once
+            if (b / 'latest.pt').exists() and torch.load(b / 'latest.pt', weights_only=False)['iter'] > seen:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, 'the run ended before it could be killed'
+        assert not (b / 'done.json').exists()
+    out = run(*train_args(prepared, b), '--resume=True')
+    assert out.returncode == 0, out.stderr
+    assert 'resumed at iter' in out.stdout
+    assert log_without_timing(b) == log_without_timing(prepared / 'straight')
+    final = [torch.load(d / 'latest.pt', weights_only=False)['model'] for d in (b, prepared / 'straight')]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+
+
+def test_resume_refuses_another_config_and_a_fresh_run_refuses_a_used_out_dir(prepared):
+    out_dir = prepared / 'straight'  # finished by the test above, or made here
+    if not (out_dir / 'done.json').exists():
+        assert run(*train_args(prepared, out_dir)).returncode == 0
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    out = run(*train_args(prepared, out_dir), '--resume=True', '--learning_rate=0.02')
+    assert out.returncode != 0 and 'learning_rate=0.01' in out.stderr and 'Traceback' not in out.stderr
+    out = run(*train_args(prepared, out_dir))
+    assert out.returncode != 0 and '--resume=True' in out.stderr and 'Traceback' not in out.stderr
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before  # nothing overwritten
+
+
+def test_resume_with_nothing_to_resume_starts_from_zero(prepared):
+    out_dir = prepared / 'fresh_resume'
+    out = run(*train_args(prepared, out_dir, '--max_iters=10'), '--resume=True')
+    assert out.returncode == 0 and 'nothing to resume' in out.stdout
+    assert json.load(open(out_dir / 'done.json'))['iters'] == 10
+
+
+def test_a_failing_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / 'latest.pt')
+    train.save_checkpoint(path, {'iter': 1, 'w': torch.ones(3)})
+    real_save = torch.save
+
+    def save_half_then_fail(obj, f):  # the disk fills up (or the process dies) in the middle of the write
+        real_save(obj, f)
+        f.truncate(f.tell() // 2)
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(torch, 'save', save_half_then_fail)
+    with pytest.raises(OSError):
+        train.save_checkpoint(path, {'iter': 2, 'w': torch.zeros(3)})
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['latest.pt']  # no temp file left behind
+    ckpt = torch.load(path, weights_only=False)
+    assert ckpt['iter'] == 1 and torch.equal(ckpt['w'], torch.ones(3))
+
+
+def test_a_nan_loss_stops_the_run_naming_the_iteration(prepared, monkeypatch, capsys):
+    """The loss turns NaN at iter 16 (step 15): the run stops at the next log line, names iter 16, and the
+    checkpoints keep their pre-NaN state (latest.pt from iter 10)."""
+    out_dir = prepared / 'nan'
+    real_loss, steps = train.training_loss, []
+
+    def loss_that_breaks(ce, aux, c):
+        steps.append(1)
+        return real_loss(ce, aux, c) * (float('nan') if len(steps) == 16 else 1.0)
+
+    monkeypatch.setattr(train, 'training_loss', loss_that_breaks)
+    with pytest.raises(SystemExit) as stop:
+        train.main(train_args(prepared, out_dir)[1:])
+    assert stop.value.code != 0
+    err = capsys.readouterr().err
+    assert 'not finite' in err and 'iter 16' in err and 'iter 10' in err
+    ckpt = torch.load(out_dir / 'latest.pt', weights_only=False)
+    assert ckpt['iter'] == 10 and all(v.isfinite().all() for v in ckpt['model'].values())
+    assert not (out_dir / 'done.json').exists()
+    assert max(json.loads(line)['iter'] for line in open(out_dir / 'log.jsonl')) == 10
+
+
+def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
+    """torchrun, 2 CPU processes (gloo) with 2 micro-batches per step (one each) against 1 process doing both:
+    the same windows, the same losses within fp32 tolerance, and identical parameters in both processes."""
+    common = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=6', '--log_interval=2',
+              '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4', '--grad_accum=2']
+    one = run('train.py', *common, f'--out_dir={prepared / "ddp1"}')
+    assert one.returncode == 0, one.stderr
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                          'train.py', *common, f'--out_dir={prepared / "ddp2"}'],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert 'all 2 processes hold identical parameters' in two.stdout
+    logs = [log_without_timing(prepared / d) for d in ('ddp1', 'ddp2')]
+    assert [r['iter'] for r in logs[0]] == [r['iter'] for r in logs[1]]
+    for a, b in zip(*logs):  # (a training line's routing statistics are of its last micro-batch(es): not compared)
+        for key in ('val_loss', 'busiest_frac', 'router_entropy') if 'val_loss' in a else ('loss', 'ce', 'lb', 'z'):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a['iter'], key)
+    assert json.load(open(prepared / 'ddp2' / 'config.json'))['world_size'] == 2
+
+
+def test_grad_accum_must_split_over_the_processes(prepared):
+    env = {**os.environ, 'WORLD_SIZE': '2', 'RANK': '0'}
+    out = subprocess.run([sys.executable, 'train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY,
+                          f'--out_dir={prepared / "odd"}'], cwd=REPO, capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and 'grad_accum (1) must be a multiple' in out.stderr and 'Traceback' not in out.stderr
+
+
+# ----------------------------------------------------------------------------- bad data
+def broken_copy(prepared, tmp_path, damage):
+    data = tmp_path / 'data'
+    shutil.copytree(prepared / 'data', data)
+    damage(data)
+    return data
+
+
+def truncate_odd(data):
+    with open(data / 'train.bin', 'r+b') as f:
+        f.truncate(os.path.getsize(data / 'train.bin') - 1)
+
+
+def id_out_of_vocab(data):
+    tokens = np.fromfile(data / 'val.bin', dtype=np.uint16)
+    tokens[5] = 300  # the bytes vocabulary has 257 ids
+    tokens.tofile(data / 'val.bin')
+
+
+def bigger_vocab(data):
+    meta = json.load(open(data / 'meta.json'))
+    json.dump({**meta, 'vocab_size': 50257}, open(data / 'meta.json', 'w'))
+
+
+def corrupt_meta(data):
+    (data / 'meta.json').write_text('{"vocab_size": 25')
+
+
+@pytest.mark.parametrize('damage, message', [(truncate_odd, 'truncated or corrupt'), (id_out_of_vocab, 'token id 300'),
+                                             (bigger_vocab, 'vocab_size 50257'), (corrupt_meta, 'meta.json is corrupt')])
+def test_damaged_data_is_one_clear_error(prepared, tmp_path, damage, message):
+    data = broken_copy(prepared, tmp_path, damage)
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={data}', f'--out_dir={tmp_path / "o"}', *TINY)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    assert out.stderr.count('\n') == 1 and not (tmp_path / 'o').exists()
+    assert 'prepare.py' in out.stderr or damage is bigger_vocab  # names the fix
+
+
+def test_sample_refuses_a_checkpoint_whose_weights_do_not_fit_its_config(prepared, tmp_path):
+    out_dir = prepared / 'straight'
+    if not (out_dir / 'done.json').exists():
+        assert run(*train_args(prepared, out_dir)).returncode == 0
+    ckpt = torch.load(out_dir / 'best.pt', weights_only=False)
+    ckpt['config']['d_model'] = 64  # e.g. a checkpoint edited, or made by another version of the code
+    torch.save(ckpt, tmp_path / 'best.pt')
+    out = run('sample.py', f'--out_dir={tmp_path}', '--max_new_tokens=5')
+    assert out.returncode != 0 and 'not a usable tinymoe checkpoint' in out.stderr
+    assert out.stderr.count('\n') == 1
