@@ -16,7 +16,7 @@ TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
-	$(PYTHON) -m pip install -q -r requirements.txt pytest
+	$(PYTHON) -m pip install -q -r requirements.txt pytest transformers  # transformers: export tests only
 
 test: setup
 	$(PYTHON) -m pytest -q
