@@ -54,7 +54,7 @@ def test_grouped_mm_path_equals_the_expert_loop(monkeypatch):
     x = torch.randn(3, 11, 16)
     results = []
     for grouped in (False, True):
-        monkeypatch.setattr(train, 'grouped_mm_ok', lambda xs: grouped)
+        monkeypatch.setattr(train, 'grouped_mm_ok', lambda xs, hidden: grouped)
         moe.zero_grad()
         xg = x.clone().requires_grad_()
         y, aux = moe(xg)
@@ -109,3 +109,21 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
 def test_gpu_check_refuses_cuda_without_a_gpu():
     out = subprocess.run([sys.executable, 'scripts/gpu_check.py'], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and '--device=cpu --tiny' in out.stderr
+
+
+def test_grouped_mm_is_only_used_where_its_kernels_run():
+    bf16 = torch.zeros(4, 16, dtype=torch.bfloat16)
+    assert not train.grouped_mm_ok(bf16, 32)  # on the CPU: the loop
+    assert not train.grouped_mm_ok(torch.zeros(4, 44), 88)  # fp32
+    if torch.cuda.is_available():
+        assert train.grouped_mm_ok(bf16.cuda(), 32) and not train.grouped_mm_ok(bf16[:, :12].cuda(), 32)
+
+
+def test_gpu_check_default_settings_are_a_valid_config():
+    """The default (paper-scale, 300 steps) arguments go through train.py's configurator without error."""
+    sys.path.insert(0, REPO + '/scripts')
+    import gpu_check
+    for tiny in (False, True):
+        steps = 8 if tiny else 300
+        c = train.configure(['config/moe.py'] + gpu_check.train_args(steps, tiny))
+        assert c.max_iters == steps and c.ckpt_interval % c.log_interval == 0

@@ -279,7 +279,7 @@ class MoE(nn.Module):
         """Each expert's SwiGLU on its slice of xs (sorted by expert, counts[e] rows for expert e)."""
         if torch.is_autocast_enabled(xs.device.type):  # autocast does not cover grouped_mm: cast as it would
             xs = xs.to(torch.get_autocast_dtype(xs.device.type))
-        if grouped_mm_ok(xs):  # one kernel per matrix for all experts, the slice ends stay on the GPU
+        if grouped_mm_ok(xs, self.gate.shape[-1]):  # one kernel per matrix for all experts, the slice ends stay on the GPU
             ends = counts.cumsum(0).to(torch.int32)
             gate, up, down = (w.to(xs.dtype) for w in (self.gate, self.up, self.down))
             h = F.silu(F.grouped_mm(xs, gate, offs=ends)) * F.grouped_mm(xs, up, offs=ends)
@@ -307,9 +307,11 @@ class PermuteRows(torch.autograd.Function):
 permute_rows = PermuteRows.apply
 
 
-def grouped_mm_ok(x):
-    """F.grouped_mm's kernels want bf16 on a CUDA GPU (compute capability 8.0 or newer, as bf16 training does)."""
-    return x.is_cuda and x.dtype == torch.bfloat16
+def grouped_mm_ok(x, hidden):
+    """F.grouped_mm (torch >= 2.8) wants bf16 on a CUDA GPU (compute capability 8.0 or newer, as bf16 training
+    does) and rows aligned to 16 bytes: d_model and the expert width multiples of 8."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm')
+            and x.shape[-1] % 8 == 0 and hidden % 8 == 0)
 
 
 class Block(nn.Module):
@@ -615,11 +617,16 @@ def main(argv):
         start, best_val = ckpt['iter'], ckpt['best_val']
         torch.set_rng_state(ckpt['rng']['torch'])
         if device.type == 'cuda' and ckpt['rng']['cuda'] is not None:
-            torch.cuda.set_rng_state(ckpt['rng']['cuda'][0], device)
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
     if master:
         os.makedirs(c.out_dir, exist_ok=True)
         # lines after the checkpoint come again from the resumed run; so does the evaluation at its step
-        records = [json.loads(line) for line in open(log_path)] if ckpt else []
+        records = []  # a line cut short by the kill, or a missing log, must not stop the resume
+        for line in open(log_path) if ckpt and os.path.exists(log_path) else []:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass
         with open(log_path + '.tmp', 'w') as f:
             f.writelines(json.dumps(r) + '\n' for r in records
                          if r['iter'] < start or (r['iter'] == start and 'val_loss' not in r))
@@ -644,7 +651,7 @@ def main(argv):
             'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': vars(c), 'meta': meta,
             'iter': it, 'tokens': it * tokens_per_iter, 'best_val': best_val,
             'rng': {'torch': torch.get_rng_state(),
-                    'cuda': torch.cuda.get_rng_state_all() if device.type == 'cuda' else None}})
+                    'cuda': torch.cuda.get_rng_state(device) if device.type == 'cuda' else None}})
 
     def mean_over_processes(t):  # each process logs what it saw; the log shows the mean over all of them
         if ddp:

@@ -50,6 +50,14 @@ def steady_tokens_per_s(log_path):
     return statistics.median(rates[1:])
 
 
+def train_args(steps, tiny):
+    """train.py arguments shared by both models: about ten log lines, one evaluation and one checkpoint, at
+    the end."""
+    log_interval = max(1, steps // 10)
+    return [f'--max_iters={steps}', f'--eval_interval={steps}', f'--log_interval={log_interval}',
+            f'--ckpt_interval={log_interval * steps}'] + (TINY if tiny else ['--eval_tokens=65536'])
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--device', default='cuda', help="cuda (default) or cpu")
@@ -63,9 +71,7 @@ def main(argv):
         if not torch.cuda.is_available():
             raise SystemExit('no CUDA device visible to torch; on a CPU run: python scripts/gpu_check.py --device=cpu --tiny')
     steps = args.steps or (8 if args.tiny else 300)
-    log_interval = max(1, steps // 10)
-    common = [f'--device={args.device!r}', f'--max_iters={steps}', f'--eval_interval={steps}',
-              f'--log_interval={log_interval}'] + (TINY if args.tiny else ['--eval_tokens=65536'])
+    common = [f'--device={args.device!r}'] + train_args(steps, args.tiny)
 
     t_start = time.time()
     result = {'device': args.device, 'tiny': args.tiny, 'steps': steps, 'peak_flops': args.peak_flops, 'models': {}}
