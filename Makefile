@@ -39,7 +39,7 @@ bench: setup
 
 # The CPU study (README "Results"): the three configs x 5 seeds, the ablations x 3 seeds, and a scan of
 # tokens per parameter (the same recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide),
-# then the reports, the logs and two sample stories per run into results/cpu. OMP_NUM_THREADS=1 make -j2 study
+# then the reports, the logs and two sample stories per config (seed 1) into results/cpu. OMP_NUM_THREADS=1 make -j2 study
 # runs two trainings at a time (about 1.8x the throughput of one on 2 cores).
 STUDY_SEEDS ?= 1 2 3 4 5
 ABLATION_SEEDS ?= 1 2 3
@@ -55,8 +55,8 @@ study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS)
 	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(SCAN_RUNS)) --out results/cpu/scan
 	for run in $(dir $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS)); do mkdir -p results/cpu/runs/$$(basename $$run) && \
 		cp $$run/log.jsonl $$run/config.json results/cpu/runs/$$(basename $$run)/; done
-	for run in $(dir $(MAIN_RUNS)); do $(PYTHON) sample.py --out_dir $$run --num_samples 2 --max_new_tokens 800 \
-		> results/cpu/runs/$$(basename $$run)/samples.txt; done
+	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/$$c-s1 --num_samples 2 \
+		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
 $(sort $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS)): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 # out/scan_d64_cpu_moe-s1/done.json -> the cpu_moe config at d_model 64, experts 128 wide, named scan_d64_cpu_moe
