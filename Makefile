@@ -12,7 +12,7 @@ PAPER_RUNS := $(call runs,moe dense_active dense_total)
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard out/$*/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench study
+.PHONY: setup test cpu paper bench study noise
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -39,7 +39,8 @@ bench: setup
 
 # The CPU study (README "Results"): the three configs x 5 seeds, the ablations x 3 seeds, and a scan of
 # tokens per parameter (the same recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide),
-# then the reports, the logs and two sample stories per config (seed 1) into results/cpu. OMP_NUM_THREADS=1 make -j2 study
+# the seed-noise runs (`make noise`), then the reports, the logs and two sample stories per config (seed 1)
+# into results/cpu. OMP_NUM_THREADS=1 make -j2 study
 # runs two trainings at a time (about 1.8x the throughput of one on 2 cores).
 STUDY_SEEDS ?= 1 2 3 4 5
 ABLATION_SEEDS ?= 1 2 3
@@ -49,11 +50,12 @@ MAIN_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,$(foreach s,$(
 ABLATION_RUNS := $(foreach c,cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz,$(foreach s,$(ABLATION_SEEDS),out/$(c)-s$(s)/done.json))
 SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(SCAN_SEEDS),out/scan_d$(d)_$(c)-s$(s)/done.json)))
-study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS)
+NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
+study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) noise
 	$(PYTHON) report.py $(dir $(MAIN_RUNS)) --out results/cpu
 	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
 	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(SCAN_RUNS)) --out results/cpu/scan
-	for run in $(dir $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS)); do mkdir -p results/cpu/runs/$$(basename $$run) && \
+	for run in $(dir $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(NOISE_RUNS)); do mkdir -p results/cpu/runs/$$(basename $$run) && \
 		cp $$run/log.jsonl $$run/config.json results/cpu/runs/$$(basename $$run)/; done
 	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/$$c-s1 --num_samples 2 \
 		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
@@ -66,6 +68,15 @@ $(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
 		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
 		$(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
+# where the seed noise comes from: runs that hold seed 1's init or data order (scripts/seed_noise.py)
+noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
+	$(PYTHON) scripts/seed_noise.py --out results/cpu/noise
+# out/noise_cpu_moe-i2-d1/done.json -> config/cpu_moe.py with init seed 2 and the data order of seed 1
+noise_part = $(word $2,$(subst -, ,$1))
+$(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call noise_part,$*,1).py --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
+		--data_seed=$(patsubst d%,%,$(call noise_part,$*,3)) --config_name=noise_$(call noise_part,$*,1) \
+		--out_dir=out/noise_$* $(if $(wildcard out/noise_$*/log.jsonl),--resume=True)
 
 data/tinystories_bytes/meta.json:
 	$(PYTHON) prepare.py --input $(TINYSTORIES) --tokenizer bytes --out_dir data/tinystories_bytes

@@ -123,7 +123,7 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
                           'train.py', *common, f'--out_dir={prepared / "ddp2"}'],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert 'all 2 processes hold identical parameters' in two.stdout
     logs = [log_without_timing(prepared / d) for d in ('ddp1', 'ddp2')]

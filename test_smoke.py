@@ -1,4 +1,5 @@
 """Behaviour tests for train.py and sample.py. Every test makes its own small data; CPU only."""
+import importlib.util
 import json
 import math
 import os
@@ -317,7 +318,7 @@ def test_config_types_and_resolution():
 
 
 # ----------------------------------------------------------------------------- data
-def test_eval_windows_are_fixed_and_batches_depend_only_on_seed_and_step(tmp_path):
+def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tmp_path):
     data = tmp_path / 'data'
     write_stories(tmp_path / 'stories.txt', 200)
     assert run('prepare.py', '--input', str(tmp_path / 'stories.txt'), '--tokenizer', 'bytes',
@@ -333,6 +334,9 @@ def test_eval_windows_are_fixed_and_batches_depend_only_on_seed_and_step(tmp_pat
     x3, _ = train.get_batch(b, 7, cpu)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3)
     assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    # data_seed moves the data order alone: seed 2 with seed 1's data order sees seed 1's batches, and back
+    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=2, data_seed=1), 7, cpu)[0], x1)
+    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=1, data_seed=2), 7, cpu)[0], x3)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -388,6 +392,21 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
 
     out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
     assert out.returncode != 0 and 'already holds a run' in out.stderr  # nothing overwritten
+
+
+def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
+    """scripts/seed_noise.py's validation-set standard error rests on per-window losses of best.pt: their mean
+    is the best val_loss train.py logged, and they differ from window to window."""
+    out_dir = prepared / 'cpu_moe'
+    if not (out_dir / 'done.json').exists():
+        assert run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}',
+                   *TINY).returncode == 0
+    spec = importlib.util.spec_from_file_location('seed_noise', os.path.join(REPO, 'scripts', 'seed_noise.py'))
+    seed_noise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seed_noise)
+    losses = seed_noise.window_losses(str(out_dir))
+    logged = json.load(open(out_dir / 'done.json'))['best_val']
+    assert losses.mean().item() == pytest.approx(logged, abs=1e-5) and losses.std() > 0
 
 
 def test_greedy_sampling_is_deterministic(prepared):

@@ -33,6 +33,7 @@ out_dir = ''              # '' -> out/{config_name}-s{seed}, so seeds never over
 config_name = ''          # '' -> file name of the last config file ('default' without one)
 data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
 seed = 1                  # seeds init and the training-data order
+data_seed = 0             # 0 -> seed; another value changes the data order alone (seed-noise studies)
 print_params = False      # print the parameter table (and one JSON line) and exit, touching no data
 # model: LLaMA-style decoder. d_model 160 x 4 layers is what fits the paper's 14.77M active / 21.06M total
 # with a 50257-token tied embedding (8.04M of it), counted once.
@@ -494,11 +495,11 @@ def load_data(c):
 
 
 def get_batch(c, step, device):
-    """All windows of one optimizer step. They depend only on (seed, step): any run with the same seed sees
+    """All windows of one optimizer step. They depend only on (data seed, step): any run with the same seed sees
     the same data in the same order, and a resumed run needs nothing but the step number."""
     data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')  # fresh memmap per
     # batch: a long-lived one grows resident memory (nanoGPT's workaround)
-    rng = np.random.default_rng([c.seed, step])
+    rng = np.random.default_rng([c.data_seed or c.seed, step])
     starts = rng.integers(0, len(data) - c.block_size, size=c.batch_size * c.grad_accum)
     windows = torch.from_numpy(np.stack([data[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
     if device.type == 'cuda':
@@ -726,6 +727,11 @@ def main(argv):
         dist.all_gather(every, sums_of_params)
         if master and not all(torch.equal(e, every[0]) for e in every):
             die('the processes ended with different parameters (DDP replicas diverged)')
+        # Free DDP (its reducer holds the process group) before destroying the group. A gloo group destroyed
+        # from the reducer joins its worker threads while holding the GIL, and a worker still letting go of a
+        # finished collective's tensors needs the GIL: a hang at exit, seen under CPU load (pytorch#56297).
+        # destroy_process_group() frees the group without holding the GIL.
+        del train_model
         dist.destroy_process_group()
     if master:
         log_file.close()

@@ -1,0 +1,110 @@
+"""Where the CPU study's seed noise comes from: the init, the data order, or the finite validation set.
+
+    make noise                                        # its runs, then this script
+    python scripts/seed_noise.py --out results/cpu/noise
+
+`seed` sets both the init and the data order; `data_seed` sets the data order alone. For cpu_moe and
+cpu_dense_active, three groups of three runs each share seed 1's init or its data order:
+    both vary     out/{config}-s1, -s2, -s3                            (the main protocol)
+    init varies   out/{config}-s1, out/noise_{config}-i2-d1, -i3-d1    (seed 1's data order)
+    data varies   out/{config}-s1, out/noise_{config}-i1-d2, -i1-d3    (seed 1's init)
+On CPU a run is deterministic, so a group's spread is its source's alone (gradient noise comes with the
+data order). The validation set is one fixed sample of text, the same for every run: its finite size adds a
+standard error that no number of seeds removes, estimated here from seed 1's best.pt window by window.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from report import mean_std  # noqa: E402
+from sample import load_model  # noqa: E402
+from train import load_data  # noqa: E402
+
+CONFIGS = ('cpu_moe', 'cpu_dense_active')
+GROUPS = {  # (init seed, data seed) of each run; seed s alone means (s, s)
+    'init varies (data order of seed 1)': [(1, 1), (2, 1), (3, 1)],
+    'data order varies (init of seed 1)': [(1, 1), (1, 2), (1, 3)],
+    'both vary (seeds 1-3)': [(1, 1), (2, 2), (3, 3)],
+    'both vary (seeds 1-5)': [(s, s) for s in range(1, 6)],
+}
+
+
+def run_dir(runs, config, init, data):
+    return os.path.join(runs, f'{config}-s{init}' if init == data else f'noise_{config}-i{init}-d{data}')
+
+
+def best_val(out_dir):
+    path = os.path.join(out_dir, 'done.json')
+    if not os.path.isfile(path):
+        sys.exit(f'seed_noise.py: error: {path} not found; run `make noise` first (it trains what is missing)')
+    return json.load(open(path))['best_val']
+
+
+@torch.no_grad()
+def window_losses(out_dir):
+    """Mean CE of best.pt on each window of the run's fixed validation set."""
+    model, _ = load_model(out_dir, 'cpu')
+    c = types.SimpleNamespace(**json.load(open(os.path.join(out_dir, 'config.json'))))
+    _, windows = load_data(c)
+    losses = []
+    for batch in windows.split(64):
+        logits = model(batch[:, :-1])[0].float()
+        ce = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction='none')  # (B, T)
+        losses.append(ce.mean(dim=1))
+    return torch.cat(losses).double()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--runs', default='out', help='folder holding the run folders')
+    p.add_argument('--out', default='results/cpu/noise', help='where report.md and report.json go')
+    args = p.parse_args(argv)
+
+    rows = {}
+    for group, members in GROUPS.items():
+        vals = {cfg: [best_val(run_dir(args.runs, cfg, *m)) for m in members] for cfg in CONFIGS}
+        gaps = [d - m for m, d in zip(vals['cpu_moe'], vals['cpu_dense_active'])]  # > 0: the MoE is better
+        rows[group] = {'runs': len(members), **{cfg: mean_std(v)[1] for cfg, v in vals.items()},
+                       'active_gap': mean_std(gaps)[1], 'active_gap_mean': mean_std(gaps)[0]}
+
+    # the validation set's own sampling error: std over windows / sqrt(windows), per model and for the pair
+    per_window = {cfg: window_losses(run_dir(args.runs, cfg, 1, 1)) for cfg in CONFIGS}
+    for cfg, w in per_window.items():  # the per-window losses must add up to what train.py logged for best.pt
+        logged = best_val(run_dir(args.runs, cfg, 1, 1))
+        if abs(w.mean().item() - logged) > 1e-4:
+            sys.exit(f'seed_noise.py: error: {cfg}-s1: best.pt scores {w.mean().item():.5f} on the validation set '
+                     f'but its run logged {logged:.5f}; was the data in its data_dir prepared again?')
+    n = len(per_window['cpu_moe'])
+    se = {cfg: (w.std() / math.sqrt(n)).item() for cfg, w in per_window.items()}
+    se['active_gap'] = ((per_window['cpu_dense_active'] - per_window['cpu_moe']).std() / math.sqrt(n)).item()
+    summary = {'std_by_source': rows, 'val_windows': n, 'val_standard_error': se}
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, 'report.json'), 'w') as f:
+        json.dump(summary, f, indent=1)
+    lines = ['# Seed noise at CPU scale: where it comes from', '',
+             'Standard deviation of the best validation loss over runs that differ only in the named source '
+             '(`python scripts/seed_noise.py`). Active gap = dense_active - moe, paired run by run.', '',
+             '| what varies | runs | cpu_moe std | cpu_dense_active std | active gap std | active gap mean |',
+             '|---|---|---|---|---|---|']
+    for group, r in rows.items():
+        lines.append(f'| {group} | {r["runs"]} | {r["cpu_moe"]:.4f} | {r["cpu_dense_active"]:.4f} | '
+                     f'{r["active_gap"]:.4f} | {r["active_gap_mean"]:+.4f} |')
+    lines.append(f'| the validation set (standard error over its {n} windows, seed 1) | - | {se["cpu_moe"]:.4f} | '
+                 f'{se["cpu_dense_active"]:.4f} | {se["active_gap"]:.4f} | - |')
+    lines += ['', 'Neighbouring windows share stories, so the validation standard error is if anything a slight '
+              'underestimate. Three runs per group give a rough std (its own relative error is about 50%).']
+    with open(os.path.join(args.out, 'report.md'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+    main()
