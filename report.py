@@ -148,7 +148,56 @@ def summarise(runs, warn):
                                               'gap_vs_tokens': {'tokens': [], 'active': [], 'total': []}})
     out['gaps'], out['gap_vs_tokens'] = headline['gaps'], headline['gap_vs_tokens']
     out['diagnostics'] = {name: c['diagnostics'] for name, c in configs.items() if 'diagnostics' in c}
+    out['variants'] = variants(runs, warn)
+    out['scan'] = scan(out['families'], runs)
     return out
+
+
+def variants(runs, warn):
+    """MoE ablations: a config named <moe config>_<change> (cpu_moe_noz) against that MoE config, seed-paired,
+    and both configs' busiest_frac and log_z over training (mean over seeds at each eval)."""
+    bases = [name for name in runs if role_of(name)[1] == 'moe']
+    out = {}
+    for name in sorted(runs):
+        base = max((b for b in bases if name.startswith(b + '_')), key=len, default=None)
+        if base is None or role_of(name)[1]:
+            continue
+        per_seed = paired(runs[name], runs[base])
+        if not per_seed:
+            warn(f'{name} and {base} share no seed: no paired difference')
+            continue
+        mean, std = mean_std(list(per_seed.values()))
+        out[name] = {'base': base, 'delta': {'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed},
+                     'over_training': {key: {cfg: curve_mean(runs[cfg], key) for cfg in (base, name)}
+                                       for key in ('busiest_frac', 'log_z')}}
+    return out
+
+
+def curve_mean(seeds, key):
+    """{'tokens': [...], 'mean': [...]}: an eval key's mean over seeds at every eval point they all logged."""
+    curves = [{r['tokens']: r[key] for r in s['evals'] if key in r} for s in seeds.values()]
+    tokens = sorted(set.intersection(*(set(c) for c in curves)))
+    return {'tokens': tokens, 'mean': [sum(c[t] for c in curves) / len(curves) for t in tokens]}
+
+
+def scan(families, runs):
+    """Both gaps per complete family, ordered by training tokens per total MoE parameter (a scan of model
+    sizes on one token budget, or of budgets); [] for fewer than two families."""
+    complete = {family: fam for family, fam in families.items() if len(fam['configs']) == 3}
+    if len(complete) < 2:
+        return []
+    points = []
+    for family, fam in complete.items():
+        c = next(iter(runs[fam['configs']['moe']].values()))['config']
+        tokens = c['iters'] * c['tokens_per_iter']
+        try:  # epochs need the data's size, from the run's data_dir when it is still there
+            epochs = tokens / json.load(open(os.path.join(c['data_dir'], 'meta.json')))['train_tokens']
+        except (OSError, ValueError, KeyError):
+            epochs = None
+        points.append({'family': family, 'd_model': c['d_model'], 'moe_total': c['params']['total'],
+                       'moe_active': c['params']['active'], 'tokens': tokens,
+                       'tokens_per_param': tokens / c['params']['total'], 'epochs': epochs, **fam['gaps']})
+    return sorted(points, key=lambda p: p['tokens_per_param'])
 
 
 def markdown(summary, runs, warnings, plots):
@@ -190,6 +239,39 @@ def markdown(summary, runs, warnings, plots):
         for name, d in summary['diagnostics'].items():
             lines.append(f'| {name} | ' + ' | '.join(f'{d[k]["mean"]:.4f} ± {d[k]["std"]:.4f}' for k in ROUTING) +
                          ' | ' + ', '.join(f'{e["mean"]:.3f}' for e in d['load']) + ' |')
+    if summary['scan']:
+        lines += ['', '## Gaps against tokens per parameter', '',
+                  'One row per complete family, by training tokens per total MoE parameter; seed-paired gaps, '
+                  'mean ± std over seeds (positive = the MoE better / worse, as above).', '',
+                  '| family | d_model | MoE total / active | tokens | tokens per param | epochs | active gap | '
+                  'total gap | seeds |', '|---|---|---|---|---|---|---|---|---|']
+        for p in summary['scan']:
+            gap = lambda g: f'{p[g]["mean"]:+.4f} ± {p[g]["std"]:.4f}' if p[g]['n'] else 'missing'
+            epochs = '-' if p['epochs'] is None else f'{p["epochs"]:.2f}'
+            lines.append(f'| {p["family"].rstrip("_") or "paper scale"} | {p["d_model"]} | {p["moe_total"]:,} / '
+                         f'{p["moe_active"]:,} | {p["tokens"] / 1e6:.2f}M | {p["tokens_per_param"]:.1f} | {epochs} | '
+                         f'{gap("active")} | {gap("total")} | {p["active"]["n"]} |')
+    if summary['variants']:
+        lines += ['', '## MoE variants against their default', '',
+                  'Seed-paired difference of best validation loss, variant - default (positive = the variant is '
+                  'worse); routing at the best checkpoint is in the table above.', '',
+                  '| variant | default | difference | seeds | per seed |', '|---|---|---|---|---|']
+        for name, v in summary['variants'].items():
+            d = v['delta']
+            lines.append(f'| {name} | {v["base"]} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["n"]} | ' +
+                         ', '.join(f's{s}: {x:+.4f}' for s, x in d['per_seed'].items()) + ' |')
+        for key in ('busiest_frac', 'log_z'):
+            curves = {}  # every config once, the defaults first
+            for v in summary['variants'].values():
+                curves.update(v['over_training'][key])
+            curves = dict(sorted(curves.items(), key=lambda kv: kv[0] not in
+                                 {v['base'] for v in summary['variants'].values()}))
+            tokens = sorted(set.intersection(*(set(c['tokens']) for c in curves.values())))
+            lines += ['', f'{key} over training (validation set, mean over seeds):', '',
+                      '| tokens | ' + ' | '.join(curves) + ' |', '|---|' + '---|' * len(curves)]
+            for t in tokens:
+                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join(f'{c["mean"][c["tokens"].index(t)]:.3f}'
+                                                                 for c in curves.values()) + ' |')
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:
@@ -235,6 +317,31 @@ def plot(summary, runs, out_dir):
             ax.set(xlabel='training tokens', ylabel='val loss difference', title=f'{tag}: gaps over training (mean over seeds)')
             ax.legend()
             written.append(save(fig, out_dir, f'{tag}_gaps.png'))
+
+    if summary['scan']:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        x = [p['tokens_per_param'] for p in summary['scan']]
+        for gap, label in (('active', 'dense_active - moe'), ('total', 'moe - dense_total')):
+            ax.errorbar(x, [p[gap]['mean'] for p in summary['scan']], yerr=[p[gap]['std'] for p in summary['scan']],
+                        marker='o', capsize=3, label=f'{gap} gap: {label}')
+        ax.axhline(0, color='gray', lw=0.8)
+        ax.set_xscale('log')
+        ax.set(xlabel='training tokens per total MoE parameter', ylabel='best val loss difference',
+               title='gaps against tokens per parameter (bars: std over seeds)')
+        ax.legend()
+        written.append(save(fig, out_dir, 'scan_gaps.png'))
+
+    if summary['variants']:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, key in zip(axes, ('busiest_frac', 'log_z')):
+            curves = {}
+            for v in summary['variants'].values():
+                curves.update(v['over_training'][key])
+            for name, c in curves.items():
+                ax.plot(c['tokens'], c['mean'], marker='.', label=name)
+            ax.set(xlabel='training tokens', ylabel=key, title=f'{key} on the validation set (mean over seeds)')
+            ax.legend(fontsize=8)
+        written.append(save(fig, out_dir, 'variants_routing.png'))
 
     moe_runs = [name for name in summary['diagnostics']]
     if moe_runs:

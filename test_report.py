@@ -20,12 +20,13 @@ def curve(best, seed):
     return [5.5, best, best + 0.01 * seed]
 
 
-def write_run(folder, name, seed, total, active, moe):
+def write_run(folder, name, seed, total, active, moe, best_val=None):
     folder.mkdir(parents=True)
-    config = {'config_name': name, 'seed': seed, 'iters': 20, 'params': {'total': total, 'active': active}}
+    config = {'config_name': name, 'seed': seed, 'iters': 20, 'tokens_per_iter': 100, 'd_model': 16,
+              'data_dir': str(folder.parent.parent / 'data'), 'params': {'total': total, 'active': active}}
     (folder / 'config.json').write_text(json.dumps(config))
     lines, best = [], math.inf
-    for i, (tokens, val) in enumerate(zip(TOKENS, curve(BEST[name][seed], seed))):
+    for i, (tokens, val) in enumerate(zip(TOKENS, curve(best_val or BEST[name][seed], seed))):
         best = min(best, val)
         lines.append({'iter': 10 * i, 'tokens': tokens, 'val_loss': val, 'best_val': best})
         if moe:  # routing stats that identify the eval point: busiest_frac = 0.3 + 0.1 * i + 0.01 * seed
@@ -79,10 +80,38 @@ def test_table_gaps_and_curves_are_exact(runs):
     assert d['log_z']['mean'] == pytest.approx(4.0) and d['dropped_frac']['mean'] == 0.0
     assert set(r['diagnostics']) == {'cpu_moe', 'cpu_moe_top1'}
 
+    # the ablation against its default MoE: seed-paired (seed 1 only), routing over training for both
+    v = r['variants']['cpu_moe_top1']
+    assert v['base'] == 'cpu_moe' and v['delta']['n'] == 1 and v['delta']['mean'] == pytest.approx(0.10)
+    busiest = v['over_training']['busiest_frac']
+    assert busiest['cpu_moe_top1'] == {'tokens': TOKENS, 'mean': pytest.approx([0.31, 0.41, 0.51])}
+    assert busiest['cpu_moe'] == {'tokens': TOKENS, 'mean': pytest.approx([0.32, 0.42, 0.52])}  # seed mean
+    assert r['scan'] == []  # one family is no scan
+
     text = (runs / 'rep' / 'report.md').read_text()
     assert '| cpu_moe | moe | 270 | 160 | 1,2,3 | 1.2033 ± 0.0153 |' in text
-    for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png'):
+    assert '| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 |' in text
+    for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png', 'variants_routing.png'):
         assert (runs / 'rep' / png).stat().st_size > 1000 and f']({png})' in text
+
+
+def test_scan_orders_complete_families_by_tokens_per_parameter(runs):
+    """A second complete family, 4x the parameters on the same tokens: one scan row per family, ordered by
+    training tokens per total MoE parameter, with its seed-paired gaps and the epochs its data allows."""
+    big = {'big_moe': (1.0, 1080, 640, True), 'big_dense_active': (1.1, 640, 640, False),
+           'big_dense_total': (0.95, 1084, 1084, False)}
+    for name, (best, total, active, moe) in big.items():
+        write_run(runs / 'out' / name, name, 1, total, active, moe, best_val=best)
+    (runs / 'data').mkdir()
+    (runs / 'data' / 'meta.json').write_text(json.dumps({'train_tokens': 1000}))
+    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
+    scan = json.loads((runs / 'rep' / 'report.json').read_text())['scan']
+    assert [p['family'] for p in scan] == ['big_', 'cpu_']
+    assert [p['tokens_per_param'] for p in scan] == pytest.approx([2000 / 1080, 2000 / 270])
+    assert [p['epochs'] for p in scan] == pytest.approx([2.0, 2.0])
+    assert scan[0]['active']['mean'] == pytest.approx(0.1) and scan[0]['total']['mean'] == pytest.approx(0.05)
+    assert scan[1]['active']['mean'] == pytest.approx(statistics.mean([0.05, 0.02, 0.07]))
+    assert (runs / 'rep' / 'scan_gaps.png').stat().st_size > 1000
 
 
 def test_missing_runs_are_reported_not_fatal(runs, capsys):
