@@ -44,12 +44,14 @@ bench: setup
 # runs two trainings at a time (about 1.8x the throughput of one on 2 cores).
 STUDY_SEEDS ?= 1 2 3 4 5
 ABLATION_SEEDS ?= 1 2 3
-SCAN_SEEDS ?= 1
+SCAN_SEEDS ?= 1 2 3
+SCAN_SEEDS_d96 ?= 1  # a run at d_model 96 costs ~4x one at the preset's 44: one seed there
 SCAN_WIDTHS ?= 28 64 96
+scan_seeds = $(or $(SCAN_SEEDS_d$1),$(SCAN_SEEDS))
 MAIN_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,$(foreach s,$(STUDY_SEEDS),out/$(c)-s$(s)/done.json))
 ABLATION_RUNS := $(foreach c,cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz,$(foreach s,$(ABLATION_SEEDS),out/$(c)-s$(s)/done.json))
 SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
-	$(foreach s,$(SCAN_SEEDS),out/scan_d$(d)_$(c)-s$(s)/done.json)))
+	$(foreach s,$(call scan_seeds,$(d)),out/scan_d$(d)_$(c)-s$(s)/done.json)))
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
 study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) noise
 	$(PYTHON) report.py $(dir $(MAIN_RUNS)) --out results/cpu
