@@ -1,4 +1,5 @@
-# tinymoe: `make test` runs the tests, `make cpu` the CPU-scale comparison, `make paper` the GPU one.
+# tinymoe: `make test` runs the tests, `make cpu` the CPU-scale comparison, `make paper` the GPU one,
+# `make study` the whole CPU study (README "Results"), `make bench` the cost of the MoE.
 # Each installs what it needs first. Finished runs (out/<config>-s<seed>/done.json) are skipped, interrupted
 # ones (a latest.pt but no done.json) are resumed where they stopped.
 PYTHON ?= python
@@ -40,12 +41,13 @@ bench: setup
 # The CPU study (README "Results"): the three configs x 5 seeds, the ablations x 3 seeds, and a scan of
 # tokens per parameter (the same recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide),
 # the seed-noise runs (`make noise`), then the reports, the logs and two sample stories per config (seed 1)
-# into results/cpu. OMP_NUM_THREADS=1 make -j2 study
-# runs two trainings at a time (about 1.8x the throughput of one on 2 cores).
+# into results/cpu. `OMP_NUM_THREADS=1 make -j2 study` runs two trainings at a time (about 1.8x the
+# throughput of one on 2 cores).
 STUDY_SEEDS ?= 1 2 3 4 5
 ABLATION_SEEDS ?= 1 2 3
 SCAN_SEEDS ?= 1 2 3
-SCAN_SEEDS_d96 ?= 1  # a run at d_model 96 costs ~4x one at the preset's 44: one seed there
+# a run at d_model 96 costs ~4x one at the preset's 44: one seed there
+SCAN_SEEDS_d96 ?= 1
 SCAN_WIDTHS ?= 28 64 96
 scan_seeds = $(or $(SCAN_SEEDS_d$1),$(SCAN_SEEDS))
 MAIN_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,$(foreach s,$(STUDY_SEEDS),out/$(c)-s$(s)/done.json))

@@ -8,7 +8,9 @@ Runs are grouped by the config name and seed recorded in their config.json (not 
 A config's role comes from its name: `moe`, `cpu_moe` -> moe; `dense_active`, `cpu_dense_active` ->
 dense_active; `..._dense_total` -> dense_total; anything else (ablations) has none. Configs that share a
 prefix (`cpu_`, or none for paper scale) form a family, and each family is compared as its own triple.
-Gaps are seed-paired: seed s of one config against seed s of the other.
+Gaps are seed-paired: seed s of one config against seed s of the other. Also, when present: MoE variants
+(`cpu_moe_noz` against `cpu_moe`, seed-paired, with routing over training) and, for two or more complete
+families, the gaps against training tokens per total MoE parameter (a scan).
 """
 import argparse
 import glob
@@ -56,6 +58,10 @@ def load_runs(paths, warn):
                 lines = f.read().splitlines()
         except (OSError, ValueError, KeyError, TypeError) as e:
             warn(f'skipped {path}: not a readable run ({type(e).__name__})')
+            continue
+        if config.get('data_seed', 0) not in (0, seed):  # init and data order apart: a seed-noise run
+            warn(f'skipped {path}: its data order (data_seed {config["data_seed"]}) is not its seed\'s; '
+                 'scripts/seed_noise.py reads such runs')
             continue
         records = []
         for line in filter(None, lines):
@@ -148,16 +154,17 @@ def summarise(runs, warn):
                                               'gap_vs_tokens': {'tokens': [], 'active': [], 'total': []}})
     out['gaps'], out['gap_vs_tokens'] = headline['gaps'], headline['gap_vs_tokens']
     out['diagnostics'] = {name: c['diagnostics'] for name, c in configs.items() if 'diagnostics' in c}
-    out['variants'] = variants(runs, warn)
+    out['variants'], out['variant_curves'] = variants(runs, warn)
     out['scan'] = scan(out['families'], runs)
     return out
 
 
 def variants(runs, warn):
-    """MoE ablations: a config named <moe config>_<change> (cpu_moe_noz) against that MoE config, seed-paired,
-    and both configs' busiest_frac and log_z over training (mean over seeds at each eval)."""
+    """MoE ablations: a config named <moe config>_<change> (cpu_moe_noz) against that MoE config, seed-paired.
+    Returns (differences by variant, {key: {config: curve}} for busiest_frac and log_z over training with
+    every default and variant once, defaults first)."""
     bases = [name for name in runs if role_of(name)[1] == 'moe']
-    out = {}
+    deltas, curves = {}, {'busiest_frac': {}, 'log_z': {}}
     for name in sorted(runs):
         base = max((b for b in bases if name.startswith(b + '_')), key=len, default=None)
         if base is None or role_of(name)[1]:
@@ -167,16 +174,18 @@ def variants(runs, warn):
             warn(f'{name} and {base} share no seed: no paired difference')
             continue
         mean, std = mean_std(list(per_seed.values()))
-        out[name] = {'base': base, 'delta': {'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed},
-                     'over_training': {key: {cfg: curve_mean(runs[cfg], key) for cfg in (base, name)}
-                                       for key in ('busiest_frac', 'log_z')}}
-    return out
+        deltas[name] = {'base': base, 'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed}
+    for key, by_config in curves.items():
+        for name in sorted({d['base'] for d in deltas.values()}) + list(deltas):
+            by_config[name] = curve_mean(runs[name], key)
+    return deltas, curves
 
 
 def curve_mean(seeds, key):
-    """{'tokens': [...], 'mean': [...]}: an eval key's mean over seeds at every eval point they all logged."""
-    curves = [{r['tokens']: r[key] for r in s['evals'] if key in r} for s in seeds.values()]
-    tokens = sorted(set.intersection(*(set(c) for c in curves)))
+    """{'tokens': [...], 'mean': [...]}: an eval key's mean over the seeds that logged it, at the eval points
+    they share."""
+    curves = [c for c in ({r['tokens']: r[key] for r in s['evals'] if key in r} for s in seeds.values()) if c]
+    tokens = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     return {'tokens': tokens, 'mean': [sum(c[t] for c in curves) / len(curves) for t in tokens]}
 
 
@@ -241,37 +250,33 @@ def markdown(summary, runs, warnings, plots):
                          ' | ' + ', '.join(f'{e["mean"]:.3f}' for e in d['load']) + ' |')
     if summary['scan']:
         lines += ['', '## Gaps against tokens per parameter', '',
-                  'One row per complete family, by training tokens per total MoE parameter; seed-paired gaps, '
-                  'mean ± std over seeds (positive = the MoE better / worse, as above).', '',
+                  'One row per complete family, by training tokens per total MoE parameter. Seed-paired gaps, '
+                  'mean ± std (seeds): active gap > 0 = the MoE beats dense_active; total gap > 0 = dense_total '
+                  'beats the MoE.', '',
                   '| family | d_model | MoE total / active | tokens | tokens per param | epochs | active gap | '
-                  'total gap | seeds |', '|---|---|---|---|---|---|---|---|---|']
+                  'total gap |', '|---|---|---|---|---|---|---|---|']
         for p in summary['scan']:
-            gap = lambda g: f'{p[g]["mean"]:+.4f} ± {p[g]["std"]:.4f}' if p[g]['n'] else 'missing'
+            gap = lambda g: ('missing' if not p[g]['n'] else f'{p[g]["mean"]:+.4f} (1 seed)' if p[g]['n'] == 1 else
+                             f'{p[g]["mean"]:+.4f} ± {p[g]["std"]:.4f} ({p[g]["n"]})')
             epochs = '-' if p['epochs'] is None else f'{p["epochs"]:.2f}'
             lines.append(f'| {p["family"].rstrip("_") or "paper scale"} | {p["d_model"]} | {p["moe_total"]:,} / '
                          f'{p["moe_active"]:,} | {p["tokens"] / 1e6:.2f}M | {p["tokens_per_param"]:.1f} | {epochs} | '
-                         f'{gap("active")} | {gap("total")} | {p["active"]["n"]} |')
+                         f'{gap("active")} | {gap("total")} |')
     if summary['variants']:
         lines += ['', '## MoE variants against their default', '',
                   'Seed-paired difference of best validation loss, variant - default (positive = the variant is '
                   'worse); routing at the best checkpoint is in the table above.', '',
                   '| variant | default | difference | seeds | per seed |', '|---|---|---|---|---|']
-        for name, v in summary['variants'].items():
-            d = v['delta']
-            lines.append(f'| {name} | {v["base"]} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["n"]} | ' +
+        for name, d in summary['variants'].items():
+            lines.append(f'| {name} | {d["base"]} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["n"]} | ' +
                          ', '.join(f's{s}: {x:+.4f}' for s, x in d['per_seed'].items()) + ' |')
-        for key in ('busiest_frac', 'log_z'):
-            curves = {}  # every config once, the defaults first
-            for v in summary['variants'].values():
-                curves.update(v['over_training'][key])
-            curves = dict(sorted(curves.items(), key=lambda kv: kv[0] not in
-                                 {v['base'] for v in summary['variants'].values()}))
-            tokens = sorted(set.intersection(*(set(c['tokens']) for c in curves.values())))
+        for key, curves in summary['variant_curves'].items():
+            tokens = sorted(set().union(*(c['tokens'] for c in curves.values())))
             lines += ['', f'{key} over training (validation set, mean over seeds):', '',
                       '| tokens | ' + ' | '.join(curves) + ' |', '|---|' + '---|' * len(curves)]
             for t in tokens:
-                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join(f'{c["mean"][c["tokens"].index(t)]:.3f}'
-                                                                 for c in curves.values()) + ' |')
+                at = [dict(zip(c['tokens'], c['mean'])).get(t) for c in curves.values()]
+                lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join('' if v is None else f'{v:.3f}' for v in at) + ' |')
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:
@@ -320,10 +325,10 @@ def plot(summary, runs, out_dir):
 
     if summary['scan']:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        x = [p['tokens_per_param'] for p in summary['scan']]
         for gap, label in (('active', 'dense_active - moe'), ('total', 'moe - dense_total')):
-            ax.errorbar(x, [p[gap]['mean'] for p in summary['scan']], yerr=[p[gap]['std'] for p in summary['scan']],
-                        marker='o', capsize=3, label=f'{gap} gap: {label}')
+            points = [p for p in summary['scan'] if p[gap]['n']]  # a family whose configs share no seed has none
+            ax.errorbar([p['tokens_per_param'] for p in points], [p[gap]['mean'] for p in points],
+                        yerr=[p[gap]['std'] for p in points], marker='o', capsize=3, label=f'{gap} gap: {label}')
         ax.axhline(0, color='gray', lw=0.8)
         ax.set_xscale('log')
         ax.set(xlabel='training tokens per total MoE parameter', ylabel='best val loss difference',
@@ -334,10 +339,7 @@ def plot(summary, runs, out_dir):
     if summary['variants']:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, key in zip(axes, ('busiest_frac', 'log_z')):
-            curves = {}
-            for v in summary['variants'].values():
-                curves.update(v['over_training'][key])
-            for name, c in curves.items():
+            for name, c in summary['variant_curves'][key].items():
                 ax.plot(c['tokens'], c['mean'], marker='.', label=name)
             ax.set(xlabel='training tokens', ylabel=key, title=f'{key} on the validation set (mean over seeds)')
             ax.legend(fontsize=8)

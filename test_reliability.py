@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import train
-from test_smoke import REPO, TINY, prepared, run  # noqa: F401 (prepared is a fixture)
+from test_smoke import REPO, TINY, config, prepared, run  # noqa: F401 (prepared is a fixture)
 
 RESUMABLE = TINY + ['--ckpt_interval=10']
 
@@ -63,6 +63,19 @@ def test_resume_refuses_another_config_and_a_fresh_run_refuses_a_used_out_dir(pr
     out = run(*train_args(prepared, out_dir))
     assert out.returncode != 0 and '--resume=True' in out.stderr and 'Traceback' not in out.stderr
     assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before  # nothing overwritten
+
+
+def test_resume_takes_a_checkpoint_from_before_a_new_config_key(tmp_path, capsys):
+    """A key the checkpoint predates (data_seed) counts as its default; a real difference is still refused."""
+    c = config()
+    saved = {k: v for k, v in vars(c).items() if k != 'data_seed'}
+    path = str(tmp_path / 'latest.pt')
+    torch.save({'config': saved}, path)
+    assert train.load_resume_checkpoint(path, c)['config'] == saved
+    torch.save({'config': {**saved, 'data_seed': 2}}, path)
+    with pytest.raises(SystemExit):
+        train.load_resume_checkpoint(path, c)
+    assert 'data_seed=2' in capsys.readouterr().err
 
 
 def test_resume_with_nothing_to_resume_starts_from_zero(prepared):

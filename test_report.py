@@ -82,10 +82,12 @@ def test_table_gaps_and_curves_are_exact(runs):
 
     # the ablation against its default MoE: seed-paired (seed 1 only), routing over training for both
     v = r['variants']['cpu_moe_top1']
-    assert v['base'] == 'cpu_moe' and v['delta']['n'] == 1 and v['delta']['mean'] == pytest.approx(0.10)
-    busiest = v['over_training']['busiest_frac']
+    assert v['base'] == 'cpu_moe' and v['n'] == 1 and v['mean'] == pytest.approx(0.10)
+    busiest = r['variant_curves']['busiest_frac']
+    assert list(busiest) == ['cpu_moe', 'cpu_moe_top1']  # the default first
     assert busiest['cpu_moe_top1'] == {'tokens': TOKENS, 'mean': pytest.approx([0.31, 0.41, 0.51])}
     assert busiest['cpu_moe'] == {'tokens': TOKENS, 'mean': pytest.approx([0.32, 0.42, 0.52])}  # seed mean
+    assert r['variant_curves']['log_z']['cpu_moe']['mean'] == pytest.approx([4.0] * 3)
     assert r['scan'] == []  # one family is no scan
 
     text = (runs / 'rep' / 'report.md').read_text()
@@ -102,10 +104,22 @@ def test_scan_orders_complete_families_by_tokens_per_parameter(runs):
            'big_dense_total': (0.95, 1084, 1084, False)}
     for name, (best, total, active, moe) in big.items():
         write_run(runs / 'out' / name, name, 1, total, active, moe, best_val=best)
+    # a third family whose dense_active shares no seed with its MoE: no active gap, but a row and a plot
+    for name, seed in (('odd_moe', 1), ('odd_dense_active', 2), ('odd_dense_total', 1)):
+        write_run(runs / 'out' / name, name, seed, 270, 160, name == 'odd_moe', best_val=1.0)
+    # a seed-noise run (seed 1's init, data order 2) is not seed 1 of its config: left out, with a word
+    write_run(runs / 'out' / 'noise', 'big_moe', 1, 1080, 640, True, best_val=0.5)
+    config = json.loads((runs / 'out' / 'noise' / 'config.json').read_text())
+    (runs / 'out' / 'noise' / 'config.json').write_text(json.dumps({**config, 'data_seed': 2}))
     (runs / 'data').mkdir()
     (runs / 'data' / 'meta.json').write_text(json.dumps({'train_tokens': 1000}))
     report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
-    scan = json.loads((runs / 'rep' / 'report.json').read_text())['scan']
+    r = json.loads((runs / 'rep' / 'report.json').read_text())
+    scan = [p for p in r['scan'] if p['family'] != 'odd_']
+    assert r['configs']['big_moe']['seeds'] == {'1': pytest.approx(1.0)}  # not the noise run's 0.5
+    assert any('data_seed 2' in w for w in (runs / 'rep' / 'report.md').read_text().splitlines())
+    odd = next(p for p in r['scan'] if p['family'] == 'odd_')
+    assert odd['active']['n'] == 0 and odd['total']['n'] == 1
     assert [p['family'] for p in scan] == ['big_', 'cpu_']
     assert [p['tokens_per_param'] for p in scan] == pytest.approx([2000 / 1080, 2000 / 270])
     assert [p['epochs'] for p in scan] == pytest.approx([2.0, 2.0])
@@ -149,6 +163,8 @@ def test_diverged_truncated_and_old_logs_do_not_break_the_report(runs):
     r = json.loads((runs / 'rep' / 'report.json').read_text())  # strict JSON: NaN would not parse back as null
     assert r['configs']['cpu_moe']['seeds']['2'] == pytest.approx(1.22)  # the best finite eval
     assert r['diagnostics']['cpu_moe']['busiest_frac']['mean'] == pytest.approx((0.41 + 0.42) / 2)  # seeds 1, 2
+    # and so is routing over training: the mean of the seeds that logged it
+    assert r['variant_curves']['busiest_frac']['cpu_moe']['mean'] == pytest.approx([0.315, 0.415, 0.515])
     assert not m.isnan(r['configs']['cpu_moe']['mean'])
 
 

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import types
@@ -297,6 +298,7 @@ def test_config_errors_are_one_clear_line(tmp_path, capsys):
     assert 'n_layer must be int' in config_error(capsys, '--n_layer=2.5')
     assert 'not found' in config_error(capsys, 'config/nope.py')
     assert 'n_head must be positive' in config_error(capsys, '--n_head=0')
+    assert 'data_seed must be >= 0' in config_error(capsys, '--data_seed=-1')
     assert 'must look like --key=value' in config_error(capsys, '--seed')
     assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
     assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs
@@ -313,6 +315,8 @@ def test_config_types_and_resolution():
     c = train.configure(['config/cpu_dense_total.py', '--seed=3'])
     assert c.config_name == 'cpu_dense_total' and c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
     assert c.ffn == 'dense' and c.match == 'total' and c.ffn_hidden > 0
+    c = train.configure(['config/cpu_moe.py', '--seed=3', '--data_seed=2'])  # never seed 3's folder
+    assert c.out_dir == os.path.join('out', 'cpu_moe-s3-d2')
     with pytest.raises(SystemExit):
         config(compile='yes')
 
@@ -407,6 +411,18 @@ def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
     losses = seed_noise.window_losses(str(out_dir))
     logged = json.load(open(out_dir / 'done.json'))['best_val']
     assert losses.mean().item() == pytest.approx(logged, abs=1e-5) and losses.std() > 0
+
+    # its table: each group's runs, and the active gap as dense_active - moe, run by run
+    rng = random.Random(0)
+    best = {(cfg, i, d): 1 + rng.random() for cfg in seed_noise.CONFIGS for i in range(1, 6) for d in range(1, 6)}
+    rows = seed_noise.noise_table(best)
+    init = rows['init varies (data order of seed 1)']
+    assert init['cpu_moe'] == pytest.approx(statistics.stdev(best[('cpu_moe', i, 1)] for i in (1, 2, 3)))
+    data_gaps = [best[('cpu_dense_active', 1, d)] - best[('cpu_moe', 1, d)] for d in (1, 2, 3)]
+    data = rows['data order varies (init of seed 1)']
+    assert data['active_gap'] == pytest.approx(statistics.stdev(data_gaps))
+    assert data['active_gap_mean'] == pytest.approx(statistics.mean(data_gaps))
+    assert rows['both vary (seeds 1-5)']['runs'] == 5
 
 
 def test_greedy_sampling_is_deterministic(prepared):

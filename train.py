@@ -29,7 +29,7 @@ import torch.nn.functional as F
 # Defaults: the paper-scale recipe (GPT-2 BPE, for one GPU). Config files, executed in order, and then
 # --key=value overrides replace them. Every run resolves to one config, saved as out_dir/config.json.
 # I/O
-out_dir = ''              # '' -> out/{config_name}-s{seed}, so seeds never overwrite each other
+out_dir = ''              # '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
 config_name = ''          # '' -> file name of the last config file ('default' without one)
 data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
 seed = 1                  # seeds init and the training-data order
@@ -133,7 +133,8 @@ def configure(argv):
 
     c = types.SimpleNamespace(**cfg)
     c.config_name = c.config_name or (os.path.splitext(os.path.basename(files[-1]))[0] if files else 'default')
-    c.out_dir = c.out_dir or os.path.join('out', f'{c.config_name}-s{c.seed}')
+    run_name = f'{c.config_name}-s{c.seed}' + (f'-d{c.data_seed}' if c.data_seed else '')
+    c.out_dir = c.out_dir or os.path.join('out', run_name)
     for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
         if getattr(c, key) not in allowed:
             die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
@@ -142,6 +143,9 @@ def configure(argv):
                 'ckpt_interval'):
         if getattr(c, key) <= 0:
             die(f'{key} must be positive, got {getattr(c, key)}')
+    for key in ('seed', 'data_seed'):  # numpy's generator takes no negative seeds
+        if getattr(c, key) < 0:
+            die(f'{key} must be >= 0, got {getattr(c, key)}')
     if c.device != 'auto':
         try:
             torch.device(c.device)
@@ -495,8 +499,8 @@ def load_data(c):
 
 
 def get_batch(c, step, device):
-    """All windows of one optimizer step. They depend only on (data seed, step): any run with the same seed sees
-    the same data in the same order, and a resumed run needs nothing but the step number."""
+    """All windows of one optimizer step. They depend only on (data seed, step): any run with the same data seed
+    sees the same data in the same order, and a resumed run needs nothing but the step number."""
     data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')  # fresh memmap per
     # batch: a long-lived one grows resident memory (nanoGPT's workaround)
     rng = np.random.default_rng([c.data_seed or c.seed, step])
@@ -545,7 +549,8 @@ def load_resume_checkpoint(path, c):
     except Exception as e:
         die(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
     may_differ = {'resume', 'device', 'compile', 'out_dir', 'data_dir'}
-    changed = sorted(k for k in CONFIG_KEYS if k not in may_differ and saved.get(k) != getattr(c, k))
+    # a key newer than the checkpoint counts as its default, which is how the older code behaved
+    changed = sorted(k for k in CONFIG_KEYS if k not in may_differ and saved.get(k, globals()[k]) != getattr(c, k))
     if changed:
         die(f'{path} was written with another config ({", ".join(f"{k}={saved.get(k)!r}" for k in changed)}); '
             'resume with the same settings, or train into another --out_dir')

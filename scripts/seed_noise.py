@@ -28,7 +28,9 @@ from sample import load_model  # noqa: E402
 from train import load_data  # noqa: E402
 
 CONFIGS = ('cpu_moe', 'cpu_dense_active')
-GROUPS = {  # (init seed, data seed) of each run; seed s alone means (s, s)
+# (init seed, data seed) of each run; seed s alone means (s, s). The Makefile's NOISE_RUNS train the runs
+# with init != data; the seeds 1-5 row is the main protocol's STUDY_SEEDS.
+GROUPS = {
     'init varies (data order of seed 1)': [(1, 1), (2, 1), (3, 1)],
     'data order varies (init of seed 1)': [(1, 1), (1, 2), (1, 3)],
     'both vary (seeds 1-3)': [(1, 1), (2, 2), (3, 3)],
@@ -40,11 +42,30 @@ def run_dir(runs, config, init, data):
     return os.path.join(runs, f'{config}-s{init}' if init == data else f'noise_{config}-i{init}-d{data}')
 
 
-def best_val(out_dir):
-    path = os.path.join(out_dir, 'done.json')
-    if not os.path.isfile(path):
-        sys.exit(f'seed_noise.py: error: {path} not found; run `make noise` first (it trains what is missing)')
-    return json.load(open(path))['best_val']
+def best_val(runs, config, init, data):
+    """The run's best val loss, after checking that its config.json says what its folder name says."""
+    out_dir = run_dir(runs, config, init, data)
+    try:
+        c = json.load(open(os.path.join(out_dir, 'config.json')))
+        best = json.load(open(os.path.join(out_dir, 'done.json')))['best_val']
+    except (OSError, ValueError, KeyError):
+        sys.exit(f'seed_noise.py: error: no finished run in {out_dir}; run `make noise` (it trains what is missing)')
+    if (c['seed'], c.get('data_seed') or c['seed']) != (init, data):
+        sys.exit(f'seed_noise.py: error: {out_dir} was trained with seed {c["seed"]} and data_seed '
+                 f'{c.get("data_seed")}, not init {init} and data order {data}; move it away and rerun make noise')
+    return best
+
+
+def noise_table(best):
+    """{(config, init seed, data seed): best val loss} -> per group of GROUPS: the std over its runs of each
+    config's loss and of the paired active gap (dense_active - moe, > 0: the MoE is better), and the gap's mean."""
+    rows = {}
+    for group, members in GROUPS.items():
+        vals = {cfg: [best[(cfg, *m)] for m in members] for cfg in CONFIGS}
+        gaps = [d - m for m, d in zip(vals['cpu_moe'], vals['cpu_dense_active'])]
+        rows[group] = {'runs': len(members), **{cfg: mean_std(v)[1] for cfg, v in vals.items()},
+                       'active_gap': mean_std(gaps)[1], 'active_gap_mean': mean_std(gaps)[0]}
+    return rows
 
 
 @torch.no_grad()
@@ -54,7 +75,7 @@ def window_losses(out_dir):
     c = types.SimpleNamespace(**json.load(open(os.path.join(out_dir, 'config.json'))))
     _, windows = load_data(c)
     losses = []
-    for batch in windows.split(64):
+    for batch in windows.split(c.batch_size):  # as train.evaluate() batches them
         logits = model(batch[:, :-1])[0].float()
         ce = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction='none')  # (B, T)
         losses.append(ce.mean(dim=1))
@@ -67,17 +88,13 @@ def main(argv=None):
     p.add_argument('--out', default='results/cpu/noise', help='where report.md and report.json go')
     args = p.parse_args(argv)
 
-    rows = {}
-    for group, members in GROUPS.items():
-        vals = {cfg: [best_val(run_dir(args.runs, cfg, *m)) for m in members] for cfg in CONFIGS}
-        gaps = [d - m for m, d in zip(vals['cpu_moe'], vals['cpu_dense_active'])]  # > 0: the MoE is better
-        rows[group] = {'runs': len(members), **{cfg: mean_std(v)[1] for cfg, v in vals.items()},
-                       'active_gap': mean_std(gaps)[1], 'active_gap_mean': mean_std(gaps)[0]}
+    best = {(cfg, *m): best_val(args.runs, cfg, *m) for members in GROUPS.values() for m in members for cfg in CONFIGS}
+    rows = noise_table(best)
 
     # the validation set's own sampling error: std over windows / sqrt(windows), per model and for the pair
     per_window = {cfg: window_losses(run_dir(args.runs, cfg, 1, 1)) for cfg in CONFIGS}
     for cfg, w in per_window.items():  # the per-window losses must add up to what train.py logged for best.pt
-        logged = best_val(run_dir(args.runs, cfg, 1, 1))
+        logged = best[(cfg, 1, 1)]
         if abs(w.mean().item() - logged) > 1e-4:
             sys.exit(f'seed_noise.py: error: {cfg}-s1: best.pt scores {w.mean().item():.5f} on the validation set '
                      f'but its run logged {logged:.5f}; was the data in its data_dir prepared again?')
