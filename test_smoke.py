@@ -424,6 +424,13 @@ def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
     assert data['active_gap_mean'] == pytest.approx(statistics.mean(data_gaps))
     assert rows['both vary (seeds 1-5)']['runs'] == 5
 
+    # leaving the plateau: the first logged step with training CE below the threshold, beside the best val
+    ces = [json.loads(line) for line in open(out_dir / 'log.jsonl') if '"ce"' in line]
+    threshold = (ces[0]['ce'] + ces[1]['ce']) / 2  # the run learns: the second log line is below it
+    assert ces[1]['ce'] < threshold
+    assert (ces[1]['iter'], logged) in seed_noise.plateau_escapes(str(prepared), threshold)['cpu_moe']
+    assert (None, logged) in seed_noise.plateau_escapes(str(prepared), 0.0)['cpu_moe']  # never below 0
+
 
 def test_greedy_sampling_is_deterministic(prepared):
     out_dir = prepared / 'cpu_moe'

@@ -11,11 +11,17 @@ cpu_dense_active, three groups of three runs each share seed 1's init or its dat
 On CPU a run is deterministic, so a group's spread is its source's alone (gradient noise comes with the
 data order). The validation set is one fixed sample of text, the same for every run: its finite size adds a
 standard error that no number of seeds removes, estimated here from seed 1's best.pt window by window.
+
+And one mechanism: every run starts on a plateau near the unigram loss (about 3 nats for bytes) and leaves
+it after some steps. For each CPU-preset config (cpu_*, seed-noise runs included) the script gives the first
+logged step whose training CE is below --plateau_ce, and how that step correlates with the best val loss.
 """
 import argparse
+import glob
 import json
 import math
 import os
+import statistics
 import sys
 import types
 
@@ -68,6 +74,24 @@ def noise_table(best):
     return rows
 
 
+def plateau_escapes(runs, ce):
+    """{config: [(first logged step with training CE < ce, or None; best val loss)]} over the finished runs of
+    the CPU preset's configs; a seed-noise run counts under its config (noise_cpu_moe -> cpu_moe)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(runs, '*', 'done.json'))):
+        folder = os.path.dirname(path)
+        try:
+            name = json.load(open(os.path.join(folder, 'config.json')))['config_name'].removeprefix('noise_')
+            records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl')) if line.strip()]
+            best = json.load(open(path))['best_val']
+        except (OSError, ValueError, KeyError):
+            continue  # not a readable run: nothing to say about it
+        if name.startswith('cpu_'):
+            step = next((r['iter'] for r in records if 'ce' in r and r['ce'] < ce), None)
+            out.setdefault(name, []).append((step, best))
+    return out
+
+
 @torch.no_grad()
 def window_losses(out_dir):
     """Mean CE of best.pt on each window of the run's fixed validation set."""
@@ -86,6 +110,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--runs', default='out', help='folder holding the run folders')
     p.add_argument('--out', default='results/cpu/noise', help='where report.md and report.json go')
+    p.add_argument('--plateau_ce', type=float, default=2.5, help='training CE that marks leaving the plateau')
     args = p.parse_args(argv)
 
     best = {(cfg, *m): best_val(args.runs, cfg, *m) for members in GROUPS.values() for m in members for cfg in CONFIGS}
@@ -101,7 +126,16 @@ def main(argv=None):
     n = len(per_window['cpu_moe'])
     se = {cfg: (w.std() / math.sqrt(n)).item() for cfg, w in per_window.items()}
     se['active_gap'] = ((per_window['cpu_dense_active'] - per_window['cpu_moe']).std() / math.sqrt(n)).item()
-    summary = {'std_by_source': rows, 'val_windows': n, 'val_standard_error': se}
+    escapes = {}
+    for name, runs in plateau_escapes(args.runs, args.plateau_ce).items():
+        steps = [s for s, _ in runs if s is not None]
+        paired = [(s, b) for s, b in runs if s is not None]
+        spread = len(set(steps)) > 1 and len({b for _, b in paired}) > 1
+        escapes[name] = {'runs': len(runs), 'never': len(runs) - len(steps), 'steps': steps,
+                         'best_val_mean': statistics.mean(b for _, b in runs),
+                         'r': statistics.correlation(*zip(*paired)) if len(paired) > 2 and spread else None}
+    summary = {'std_by_source': rows, 'val_windows': n, 'val_standard_error': se,
+               'plateau_ce': args.plateau_ce, 'plateau_escape': escapes}
 
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, 'report.json'), 'w') as f:
@@ -118,6 +152,16 @@ def main(argv=None):
                  f'{se["cpu_dense_active"]:.4f} | {se["active_gap"]:.4f} | - |')
     lines += ['', 'Neighbouring windows share stories, so the validation standard error is if anything a slight '
               'underestimate. Three runs per group give a rough std (its own relative error is about 50%).']
+    lines += ['', '## Leaving the early plateau', '',
+              f'First logged step (every log_interval steps) whose training CE is below {args.plateau_ce}, per '
+              'config, over all its finished runs (seed-noise runs included), and the correlation r of that step '
+              'with the run\'s best val loss.', '',
+              '| config | runs | step: mean (min-max) | best val mean | r(step, best val) |', '|---|---|---|---|---|']
+    for name, e in escapes.items():
+        steps = f'{statistics.mean(e["steps"]):.0f} ({min(e["steps"])}-{max(e["steps"])})' if e['steps'] else '-'
+        never = f', {e["never"]} never' if e['never'] else ''
+        r = '-' if e['r'] is None else f'{e["r"]:+.2f}'
+        lines.append(f'| {name} | {e["runs"]}{never} | {steps} | {e["best_val_mean"]:.4f} | {r} |')
     with open(os.path.join(args.out, 'report.md'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
     print('\n'.join(lines))
