@@ -39,7 +39,8 @@ bench: setup
 		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt
 
 # The CPU study (README "Results"): the three configs x 5 seeds, the ablations x 3 seeds, and a scan of
-# tokens per parameter (the same recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide),
+# tokens per parameter (the same recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide,
+# and d_model 96 on a quarter of the budget),
 # the seed-noise runs (`make noise`), then the reports, the logs and two sample stories per config (seed 1)
 # into results/cpu. `OMP_NUM_THREADS=1 make -j2 study` runs two trainings at a time (about 1.8x the
 # throughput of one on 2 cores).
@@ -54,12 +55,15 @@ MAIN_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,$(foreach s,$(
 ABLATION_RUNS := $(foreach c,cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz,$(foreach s,$(ABLATION_SEEDS),out/$(c)-s$(s)/done.json))
 SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(call scan_seeds,$(d)),out/scan_d$(d)_$(c)-s$(s)/done.json)))
+# and a point near 1 token per total parameter: d_model 96 on a quarter of the token budget (280 steps, not
+# 1,120: the budget is what is smaller here, so the schedule is shorter too)
+SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
-study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) noise
+study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
 	$(PYTHON) report.py $(dir $(MAIN_RUNS)) --out results/cpu
 	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
-	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(SCAN_RUNS)) --out results/cpu/scan
-	for run in $(dir $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(NOISE_RUNS)); do mkdir -p results/cpu/runs/$$(basename $$run) && \
+	$(PYTHON) report.py $(dir $(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
+	for run in $(dir $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) $(NOISE_RUNS)); do mkdir -p results/cpu/runs/$$(basename $$run) && \
 		cp $$run/log.jsonl $$run/config.json results/cpu/runs/$$(basename $$run)/; done
 	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/$$c-s1 --num_samples 2 \
 		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
@@ -72,6 +76,10 @@ $(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
 		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
 		$(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
+$(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
+		--moe_hidden=192 --max_tokens=1146880 --config_name=short_d96_$(word 1,$(subst -s, ,$*)) \
+		$(if $(wildcard out/short_d96_$*/log.jsonl),--resume=True)
 # where the seed noise comes from: runs that hold seed 1's init or data order (scripts/seed_noise.py)
 noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
 	$(PYTHON) scripts/seed_noise.py --out results/cpu/noise
