@@ -271,11 +271,12 @@ def markdown(summary, runs, warnings, plots):
             lines.append(f'| {name} | {d["base"]} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["n"]} | ' +
                          ', '.join(f's{s}: {x:+.4f}' for s, x in d['per_seed'].items()) + ' |')
         for key, curves in summary['variant_curves'].items():
-            tokens = sorted(set().union(*(c['tokens'] for c in curves.values())))
+            at_tokens = [dict(zip(c['tokens'], c['mean'])) for c in curves.values()]
+            tokens = sorted(set().union(*at_tokens))
             lines += ['', f'{key} over training (validation set, mean over seeds):', '',
                       '| tokens | ' + ' | '.join(curves) + ' |', '|---|' + '---|' * len(curves)]
             for t in tokens:
-                at = [dict(zip(c['tokens'], c['mean'])).get(t) for c in curves.values()]
+                at = [c.get(t) for c in at_tokens]
                 lines.append(f'| {t / 1e6:.2f}M | ' + ' | '.join('' if v is None else f'{v:.3f}' for v in at) + ' |')
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]

@@ -128,8 +128,8 @@ def main(argv=None):
     se['active_gap'] = ((per_window['cpu_dense_active'] - per_window['cpu_moe']).std() / math.sqrt(n)).item()
     escapes = {}
     for name, runs in plateau_escapes(args.runs, args.plateau_ce).items():
-        steps = [s for s, _ in runs if s is not None]
-        paired = [(s, b) for s, b in runs if s is not None]
+        paired = [(s, b) for s, b in runs if s is not None]  # the runs that left the plateau
+        steps = [s for s, _ in paired]
         spread = len(set(steps)) > 1 and len({b for _, b in paired}) > 1
         escapes[name] = {'runs': len(runs), 'never': len(runs) - len(steps), 'steps': steps,
                          'best_val_mean': statistics.mean(b for _, b in runs),
