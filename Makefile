@@ -28,12 +28,16 @@ cpu: setup $(CPU_RUNS)
 paper: setup $(PAPER_RUNS)
 	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
 
-# what the MoE costs per training step here (bench.py), at the CPU recipe's width, eager and compiled, and wider
+# what the MoE costs per training step here (bench.py), at the CPU recipe's width, eager and compiled, also on
+# one thread (as `make -j2` trains, two runs side by side), and wider
 BENCH = $(PYTHON) bench.py config/cpu_moe.py
 bench: setup
 	mkdir -p results/bench
 	$(BENCH) > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
 	$(BENCH) --compile=True > results/bench/cpu_moe_compiled.txt && cat results/bench/cpu_moe_compiled.txt
+	OMP_NUM_THREADS=1 $(BENCH) > results/bench/cpu_moe_eager_1thread.txt && cat results/bench/cpu_moe_eager_1thread.txt
+	OMP_NUM_THREADS=1 $(BENCH) --compile=True > results/bench/cpu_moe_compiled_1thread.txt \
+		&& cat results/bench/cpu_moe_compiled_1thread.txt
 	$(BENCH) --d_model=96 --n_head=3 --moe_hidden=192 > results/bench/cpu_moe_d96_eager.txt && cat results/bench/cpu_moe_d96_eager.txt
 	$(BENCH) --d_model=160 --n_head=5 --moe_hidden=1632 --ffn_multiple_of=32 --steps=4 --rounds=2 \
 		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt

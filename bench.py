@@ -25,11 +25,11 @@ import train
 class NaiveMoE(train.MoE):
     """The reference: each expert on all N tokens (E x the FFN compute), then the gate-weighted sum."""
 
-    def dispatch(self, x, weights, experts, counts):
+    def dispatch(self, x, weights, experts):
         N = x.shape[0]  # weights and experts are slot-major: assignment a is token a % N
         gates = torch.zeros(self.n_experts, N, device=x.device).scatter(0, experts.view(-1, N), weights.view(-1, N))
         h = F.silu(torch.einsum('nd,edh->enh', x, self.gate)) * torch.einsum('nd,edh->enh', x, self.up)
-        return torch.einsum('enh,ehd,en->nd', h, self.down, gates.to(h.dtype))
+        return torch.einsum('enh,ehd,en->nd', h, self.down, gates.to(h.dtype)), experts.bincount(minlength=self.n_experts)
 
 
 def build(argv):
@@ -71,6 +71,8 @@ def main(argv):
     rounds = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--rounds=')), 3)
     profile = '--profile=True' in argv
     argv = [a for a in argv if not a.startswith(('--steps=', '--rounds=', '--profile='))]
+    if steps < 1 or rounds < 1 or steps * rounds < 2:
+        sys.exit('bench.py: --steps and --rounds must be >= 1 and time at least 2 steps in all (e.g. --steps=10 --rounds=3)')
     configs = build(argv)
     c = configs['moe']
     device, use_compile, autocast = train.setup_device(c)  # as in training
@@ -115,6 +117,9 @@ def main(argv):
         print_profile_difference(models, batches, step)
     tokens = c.batch_size * c.block_size
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    # how much to trust the ratio on a noisy machine: the middle half of the per-step ratios, moe against
+    # dense_active on the same batch, timed one right after the other
+    paired = statistics.quantiles([m / d for m, d in zip(times['moe'], times['dense_active'])], n=4)
     print(f'{c.config_name} recipe on {device.type}{" compiled" if use_compile else " eager"}: {tokens} tokens '
           f'per step, median of {rounds} x {steps} steps')
     print(f'{"model":<13} {"total":>11} {"active":>11} {"ms/step":>9} {"tokens/s":>10} {"GFLOP/s":>9}')
@@ -123,9 +128,12 @@ def main(argv):
         gflops = flops_per_token(cfg) * tokens / ms[name] * 1e-6
         print(f'{name:<13} {n["total"]:>11,} {n["active"]:>11,} {ms[name]:>9.1f} {tokens / ms[name] * 1e3:>10,.0f} '
               f'{gflops:>9.1f}')
+    print(f'moe / dense_active: {ms["moe"] / ms["dense_active"]:.3f} (the middle half of the per-step ratios: '
+          f'{paired[0]:.3f} to {paired[2]:.3f})')
     result = {'device': device.type, 'compile': use_compile, 'ms_per_step': ms,
               'tokens_per_s': {name: tokens / v * 1e3 for name, v in ms.items()},
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],
+              'moe_over_dense_active_quartiles': [paired[0], paired[2]],
               'naive_over_moe': ms['naive_moe'] / ms['moe'],
               'dense_total_over_moe': ms['dense_total'] / ms['moe']}
     print(json.dumps(result))

@@ -43,6 +43,8 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}
     ms = result['ms_per_step']
     assert result['moe_over_dense_active'] == ms['moe'] / ms['dense_active']
+    low, high = result['moe_over_dense_active_quartiles']
+    assert 0 < low <= high
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
 
 

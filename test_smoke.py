@@ -61,11 +61,33 @@ def test_moe_matches_per_token_reference(top_k):
     with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
         for p in moe.parameters():
             p.normal_()
-    x = torch.randn(3, 7, 16)
+    x = torch.randn(3, 7, 16, requires_grad=True)
     y, aux = moe(x)
     assert y.shape == x.shape
-    torch.testing.assert_close(y.view(-1, 16), reference_moe(moe, x.view(-1, 16)), rtol=1e-4, atol=1e-4)
+    y_ref = reference_moe(moe, x.view(-1, 16))
+    torch.testing.assert_close(y.view(-1, 16), y_ref, rtol=1e-4, atol=1e-4)
     assert aux['routing'][:4].sum().item() == pytest.approx(1.0)  # the experts' loads
+    # and the gradients (through dispatch, experts, gate weights and router) equal the reference's
+    probe = torch.randn_like(y_ref)
+    inputs = [x] + list(moe.parameters())
+    grads = torch.autograd.grad((y.view(-1, 16) * probe).sum(), inputs)
+    grads_ref = torch.autograd.grad((y_ref * probe).sum(), inputs)
+    for grad, grad_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('copies', [1, 3])
+def test_gather_rows_equals_repeat_then_index(copies):
+    """gather_rows(x, perm, inverse) is x.repeat(copies, 1)[perm], gradient included, without the repeat."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, requires_grad=True)
+    perm = torch.randperm(5 * copies)
+    y = train.gather_rows(x, perm, perm.argsort())
+    y_ref = x.repeat(copies, 1)[perm]
+    assert torch.equal(y, y_ref)
+    probe = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad((y * probe).sum(), x)[0],
+                               torch.autograd.grad((y_ref * probe).sum(), x)[0])
 
 
 def test_one_expert_top1_equals_dense_swiglu():

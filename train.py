@@ -253,9 +253,7 @@ class MoE(nn.Module):
             weights = weights / weights.sum(dim=0)
 
         experts, weights = experts.flatten(), weights.flatten()  # slot-major: assignment a is token a % N
-        # assignments per expert; not bincount, whose output shape depends on the data (a torch.compile graph break)
-        counts = torch.zeros(E, dtype=torch.long, device=x.device).index_add_(0, experts, torch.ones_like(experts))
-        y = self.dispatch(x, weights, experts, counts)
+        y, counts = self.dispatch(x, weights, experts)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
         with torch.no_grad():  # routing health for the logs: a few reductions over (E, N), no host sync
@@ -269,16 +267,24 @@ class MoE(nn.Module):
         }
         return y.view(shape), aux
 
-    def dispatch(self, x, weights, experts, counts):
+    def dispatch(self, x, weights, experts):
         """Run each expert on its tokens only. The N*k assignments (slot-major: assignment a is token a % N)
-        are sorted by expert with one sort, so that expert e reads one contiguous slice of rows; its outputs
-        are put back in assignment order and each token sums its k outputs, gate-weighted."""
-        N, k = x.shape[0], experts.shape[0] // x.shape[0]
-        order = experts.argsort(stable=True)  # sorted row -> assignment
-        rank = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=x.device))  # the inverse
-        xs = permute_rows(x.repeat(k, 1), order, rank)  # (N*k, d), grouped by expert
-        ys = permute_rows(self.experts(xs, counts), rank, order).view(k, N, -1)  # back to assignment order
-        return (ys.float() * weights.view(k, N, 1)).sum(dim=0).to(x.dtype)  # combined in fp32, also under autocast
+        are grouped by expert, keeping their order within an expert, so that expert e reads one contiguous
+        slice of rows; its outputs are put back in assignment order and each token sums its k outputs,
+        gate-weighted. Returns the output and the number of assignments per expert."""
+        N, E, k = x.shape[0], self.n_experts, experts.shape[0] // x.shape[0]
+        # A counting sort, far cheaper than a general sort for a handful of experts: mark each assignment in
+        # its expert's row of an (E, N*k) grid; a running count over the grid, row after row, then gives
+        # every marked assignment its place in the grouped order (1-based), and each row's last count is
+        # where that expert's slice ends. No bincount, whose output shape depends on the data (a graph break).
+        place = (experts == torch.arange(E, device=x.device)[:, None]).flatten().cumsum(0).view(E, -1)
+        rank = place.gather(0, experts[None]).squeeze(0) - 1  # assignment -> grouped row
+        order = torch.empty_like(rank).scatter_(0, rank, torch.arange(len(rank), device=x.device))  # the inverse
+        counts = place[:, -1].diff(prepend=place.new_zeros(1))
+        xs = gather_rows(x, order, rank)  # (N*k, d): each token's row once per expert it goes to, grouped
+        ys = gather_rows(self.experts(xs, counts), rank, order).view(k, N, -1)  # back to assignment order
+        y = (ys.float() * weights.view(k, N, 1)).sum(dim=0)  # combined in fp32, also under autocast
+        return y.to(x.dtype), counts
 
     def experts(self, xs, counts):
         """Each expert's SwiGLU on its slice of xs (sorted by expert, counts[e] rows for expert e)."""
@@ -290,26 +296,34 @@ class MoE(nn.Module):
             h = F.silu(F.grouped_mm(xs, gate, offs=ends)) * F.grouped_mm(xs, up, offs=ends)
             return F.grouped_mm(h, down, offs=ends)
         # elsewhere a loop over the experts; counts.tolist() waits for the routing, which costs nothing on a CPU
-        return torch.cat([(F.silu(xe @ self.gate[e]) * (xe @ self.up[e])) @ self.down[e]
+        # (unbind, not self.gate[e]: indexing's gradient is a zero-filled (E, d, h) tensor per expert, unbind's one stack)
+        gate, up, down = self.gate.unbind(0), self.up.unbind(0), self.down.unbind(0)
+        return torch.cat([(F.silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
                           for e, xe in enumerate(xs.split(counts.tolist()))])
 
 
-class PermuteRows(torch.autograd.Function):
-    """x[index] for a permutation index. Autograd's gradient of a general gather is a scatter-add (atomic
-    adds in a compiled CPU kernel); a permutation's gradient is just the gather by its inverse."""
+class GatherRows(torch.autograd.Function):
+    """x.repeat(copies, 1)[perm] for a permutation perm of range(copies * len(x)), without building the repeat:
+    copies = k to send each token to its k experts, 1 to undo a permutation. Autograd's gradient for a gather
+    is a scatter-add (atomic adds in a compiled CPU kernel); this one is a gather by the inverse permutation,
+    then each row's copies summed."""
 
     @staticmethod
-    def forward(ctx, x, index, inverse):
+    def forward(ctx, x, perm, inverse):
         ctx.save_for_backward(inverse)
-        return x.index_select(0, index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, perm % x.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         inverse, = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
+        grad = grad.index_select(0, inverse)
+        if grad.shape[0] > ctx.rows:
+            grad = grad.view(-1, ctx.rows, grad.shape[-1]).sum(dim=0)
+        return grad, None, None
 
 
-permute_rows = PermuteRows.apply
+gather_rows = GatherRows.apply
 
 
 def grouped_mm_ok(x, hidden):
