@@ -44,8 +44,28 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     ms = result['ms_per_step']
     assert result['moe_over_dense_active'] == ms['moe'] / ms['dense_active']
     low, high = result['moe_over_dense_active_quartiles']
-    assert 0 < low <= high
+    assert f'middle half of the per-step ratios: {low:.3f} to {high:.3f}' in out.stdout
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
+
+
+def test_paired_ratio_quartiles_pair_each_step_with_the_reference_step():
+    # ratios 1, 2, 3, 4, 5 step by step (sorting either list alone would pair them differently)
+    assert bench.paired_ratio_quartiles([5.0, 2.0, 6.0, 12.0, 10.0], [5.0, 1.0, 2.0, 3.0, 2.0]) == (1.5, 4.5)
+
+
+def test_bench_refuses_fewer_than_two_timed_steps():
+    out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--steps=1', '--rounds=1'],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and 'at least 2 steps' in out.stderr and out.stdout == ''
+
+
+def test_naive_moe_compiles_without_graph_breaks():
+    """Timed compiled, the reference must be one graph too, or the bench would time dynamo's breaks."""
+    torch._dynamo.reset()
+    naive = train.MoE(config(top_k=2), resid_std=0.02)
+    naive.__class__ = bench.NaiveMoE
+    explained = torch._dynamo.explain(naive)(torch.randn(2, 9, 16))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
 def test_grouped_mm_path_equals_the_expert_loop(monkeypatch):

@@ -14,6 +14,9 @@ import torch
 import train
 from test_smoke import REPO, TINY, config, prepared, run  # noqa: F401 (prepared is a fixture)
 
+sys.path.insert(0, os.path.join(REPO, 'scripts'))
+import same_log  # noqa: E402 (scripts/ is not a package)
+
 RESUMABLE = TINY + ['--ckpt_interval=10']
 
 
@@ -23,7 +26,24 @@ def train_args(prepared, out_dir, *extra):
 
 def log_without_timing(out_dir):
     """log.jsonl minus tok_per_s, the one field that depends on the wall clock."""
-    return [{k: v for k, v in json.loads(line).items() if k != 'tok_per_s'} for line in open(out_dir / 'log.jsonl')]
+    return same_log.read_log(out_dir)
+
+
+def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
+    lines = [{'iter': 0, 'val_loss': 5.5, 'best_val': 5.5}, {'iter': 10, 'loss': 3.25, 'tok_per_s': 1000.0}]
+    for name, tok_per_s, val_loss in (('a', 1000.0, 5.5), ('b', 2000.0, 5.5), ('c', 1000.0, 5.25)):
+        (tmp_path / name).mkdir()
+        lines[0]['val_loss'], lines[1]['tok_per_s'] = val_loss, tok_per_s
+        (tmp_path / name / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+    def same(x, y):
+        return subprocess.run([sys.executable, 'scripts/same_log.py', str(tmp_path / x), str(tmp_path / y)],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = same('a', 'b')  # only the throughput differs
+    assert out.returncode == 0 and 'the same: 2 log lines' in out.stdout
+    out = same('a', 'c')
+    assert out.returncode == 1 and 'line 1: val_loss 5.5 != 5.25' in out.stdout
+    out = same('a', 'missing')
+    assert out.returncode == 1 and 'missing' in out.stderr and 'log.jsonl' in out.stderr
 
 
 def test_a_run_killed_anywhere_resumes_bit_for_bit(prepared):

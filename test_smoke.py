@@ -76,13 +76,40 @@ def test_moe_matches_per_token_reference(top_k):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
 
 
+def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
+    """dispatch() on hand-made assignments where expert 2 gets no token and expert 1 gets every token's
+    second slot: outputs, counts and all gradients against one assignment at a time."""
+    torch.manual_seed(0)
+    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_()
+    N = 10
+    x = torch.randn(N, 16, requires_grad=True)
+    experts = torch.cat([torch.tensor([0, 3])[torch.randint(0, 2, (N,))], torch.ones(N, dtype=torch.long)])
+    weights = torch.rand(2 * N, requires_grad=True)
+    y, counts = moe.dispatch(x, weights, experts)
+    assert counts.tolist() == experts.bincount(minlength=4).tolist() and counts[2] == 0
+    y_ref = torch.zeros_like(x)
+    for a, i in enumerate(experts.tolist()):  # slot-major: assignment a is token a % N
+        xt = x[a % N]
+        y_ref = y_ref.index_add(0, torch.tensor([a % N]),
+                                (weights[a] * (F.silu(xt @ moe.gate[i]) * (xt @ moe.up[i])) @ moe.down[i])[None])
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    probe = torch.randn_like(y)
+    inputs = [x, weights, moe.gate, moe.up, moe.down]  # (the router is not used by dispatch)
+    for grad, grad_ref in zip(torch.autograd.grad((y * probe).sum(), inputs),
+                              torch.autograd.grad((y_ref * probe).sum(), inputs)):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize('copies', [1, 3])
 def test_gather_rows_equals_repeat_then_index(copies):
-    """gather_rows(x, perm, inverse) is x.repeat(copies, 1)[perm], gradient included, without the repeat."""
+    """gather_rows(x, perm % len(x), inverse) is x.repeat(copies, 1)[perm], gradient included."""
     torch.manual_seed(0)
     x = torch.randn(5, 4, requires_grad=True)
     perm = torch.randperm(5 * copies)
-    y = train.gather_rows(x, perm, perm.argsort())
+    y = train.gather_rows(x, perm % 5, perm.argsort())
     y_ref = x.repeat(copies, 1)[perm]
     assert torch.equal(y, y_ref)
     probe = torch.randn_like(y)

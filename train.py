@@ -272,22 +272,23 @@ class MoE(nn.Module):
         are grouped by expert, keeping their order within an expert, so that expert e reads one contiguous
         slice of rows; its outputs are put back in assignment order and each token sums its k outputs,
         gate-weighted. Returns the output and the number of assignments per expert."""
-        N, E, k = x.shape[0], self.n_experts, experts.shape[0] // x.shape[0]
-        # A counting sort, far cheaper than a general sort for a handful of experts: mark each assignment in
-        # its expert's row of an (E, N*k) grid; a running count over the grid, row after row, then gives
-        # every marked assignment its place in the grouped order (1-based), and each row's last count is
-        # where that expert's slice ends. No bincount, whose output shape depends on the data (a graph break).
+        N, E, k = x.shape[0], self.n_experts, self.top_k
+        # A counting sort: mark each assignment in its expert's row of an (E, N*k) grid; a running count over
+        # the grid, row after row, then gives every marked assignment its place in the grouped order (1-based),
+        # and each row's last count is where that expert's slice ends: a few passes over E*N*k small integers,
+        # fine for a handful of experts. (And no bincount, whose output shape depends on the data: a
+        # torch.compile graph break.)
         place = (experts == torch.arange(E, device=x.device)[:, None]).flatten().cumsum(0).view(E, -1)
         rank = place.gather(0, experts[None]).squeeze(0) - 1  # assignment -> grouped row
         order = torch.empty_like(rank).scatter_(0, rank, torch.arange(len(rank), device=x.device))  # the inverse
         counts = place[:, -1].diff(prepend=place.new_zeros(1))
-        xs = gather_rows(x, order, rank)  # (N*k, d): each token's row once per expert it goes to, grouped
+        xs = gather_rows(x, order % N, rank)  # (N*k, d): each token's row once per expert it goes to, grouped
         ys = gather_rows(self.experts(xs, counts), rank, order).view(k, N, -1)  # back to assignment order
         y = (ys.float() * weights.view(k, N, 1)).sum(dim=0)  # combined in fp32, also under autocast
         return y.to(x.dtype), counts
 
     def experts(self, xs, counts):
-        """Each expert's SwiGLU on its slice of xs (sorted by expert, counts[e] rows for expert e)."""
+        """Each expert's SwiGLU on its slice of xs (grouped by expert, counts[e] rows for expert e)."""
         if torch.is_autocast_enabled(xs.device.type):  # autocast does not cover grouped_mm: cast as it would
             xs = xs.to(torch.get_autocast_dtype(xs.device.type))
         if grouped_mm_ok(xs, self.gate.shape[-1]):  # one kernel per matrix for all experts, the slice ends stay on the GPU
@@ -303,16 +304,16 @@ class MoE(nn.Module):
 
 
 class GatherRows(torch.autograd.Function):
-    """x.repeat(copies, 1)[perm] for a permutation perm of range(copies * len(x)), without building the repeat:
-    copies = k to send each token to its k experts, 1 to undo a permutation. Autograd's gradient for a gather
-    is a scatter-add (atomic adds in a compiled CPU kernel); this one is a gather by the inverse permutation,
-    then each row's copies summed."""
+    """x[perm % len(x)], that is x.repeat(copies, 1)[perm] without building the repeat, for a permutation perm
+    of range(copies * len(x)): copies = k sends each token to its k experts, copies = 1 undoes a permutation.
+    Autograd's gradient for a gather is a scatter-add (atomic adds in a compiled CPU kernel); this one is a
+    gather by the inverse permutation, then each row's copies summed."""
 
     @staticmethod
-    def forward(ctx, x, perm, inverse):
+    def forward(ctx, x, rows, inverse):  # rows = perm % len(x); inverse: perm's inverse
         ctx.save_for_backward(inverse)
         ctx.rows = x.shape[0]
-        return x.index_select(0, perm % x.shape[0])
+        return x.index_select(0, rows)
 
     @staticmethod
     def backward(ctx, grad):

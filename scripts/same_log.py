@@ -1,0 +1,43 @@
+"""Did a rerun reproduce a run? Compares two runs' log.jsonl line by line, every field but tok_per_s (the one
+that depends on the wall clock), exactly: on CPU a run is deterministic, so the numbers must be equal.
+
+    python scripts/same_log.py out/cpu_moe-s1 results/cpu/runs/cpu_moe-s1
+
+Prints the first differences and exits 1 if there are any, else one line and exit 0.
+"""
+import json
+import os
+import sys
+
+
+def read_log(run_dir):
+    path = os.path.join(run_dir, 'log.jsonl')
+    try:
+        return [{k: v for k, v in json.loads(line).items() if k != 'tok_per_s'} for line in open(path)]
+    except (OSError, ValueError) as e:
+        sys.exit(f'same_log.py: cannot read {path} ({e}); give two run folders that hold a log.jsonl')
+
+
+def differences(log_a, log_b):
+    """'line N: key a != b' for every field that differs, and one line if the logs differ in length."""
+    found = [f'line {i + 1}: {key} {a.get(key)!r:.60} != {b.get(key)!r:.60}'
+             for i, (a, b) in enumerate(zip(log_a, log_b)) for key in sorted(a.keys() | b.keys())
+             if a.get(key) != b.get(key)]
+    if len(log_a) != len(log_b):
+        found.append(f'{len(log_a)} lines != {len(log_b)} lines')
+    return found
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.exit('usage: python scripts/same_log.py RUN_DIR OTHER_RUN_DIR')
+    log_a, log_b = read_log(argv[0]), read_log(argv[1])
+    found = differences(log_a, log_b)
+    if found:
+        print(f'{len(found)} differences, the first:', *found[:10], sep='\n  ')
+        sys.exit(1)
+    print(f'the same: {len(log_a)} log lines, every field but tok_per_s equal')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
