@@ -280,7 +280,7 @@ class MoE(nn.Module):
         # torch.compile graph break.)
         place = (experts == torch.arange(E, device=x.device)[:, None]).flatten().cumsum(0).view(E, -1)
         rank = place.gather(0, experts[None]).squeeze(0) - 1  # assignment -> grouped row
-        order = torch.empty_like(rank).scatter_(0, rank, torch.arange(len(rank), device=x.device))  # the inverse
+        order = torch.empty_like(rank).scatter_(0, rank, torch.arange(len(rank), device=x.device))  # row -> assignment
         counts = place[:, -1].diff(prepend=place.new_zeros(1))
         xs = gather_rows(x, order % N, rank)  # (N*k, d): each token's row once per expert it goes to, grouped
         ys = gather_rows(self.experts(xs, counts), rank, order).view(k, N, -1)  # back to assignment order
@@ -312,15 +312,15 @@ class GatherRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, inverse):  # rows = perm % len(x); inverse: perm's inverse
         ctx.save_for_backward(inverse)
-        ctx.rows = x.shape[0]
+        ctx.n_rows = x.shape[0]
         return x.index_select(0, rows)
 
     @staticmethod
     def backward(ctx, grad):
         inverse, = ctx.saved_tensors
         grad = grad.index_select(0, inverse)
-        if grad.shape[0] > ctx.rows:
-            grad = grad.view(-1, ctx.rows, grad.shape[-1]).sum(dim=0)
+        if grad.shape[0] > ctx.n_rows:
+            grad = grad.view(-1, ctx.n_rows, grad.shape[-1]).sum(dim=0)
         return grad, None, None
 
 
