@@ -24,11 +24,6 @@ def train_args(prepared, out_dir, *extra):
     return ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *RESUMABLE, *extra]
 
 
-def log_without_timing(out_dir):
-    """log.jsonl minus tok_per_s, the one field that depends on the wall clock."""
-    return same_log.read_log(out_dir)
-
-
 def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
     lines = [{'iter': 0, 'val_loss': 5.5, 'best_val': 5.5}, {'iter': 10, 'loss': 3.25, 'tok_per_s': 1000.0}]
     for name, tok_per_s, val_loss in (('a', 1000.0, 5.5), ('b', 2000.0, 5.5), ('c', 1000.0, 5.25)):
@@ -68,7 +63,7 @@ def test_a_run_killed_anywhere_resumes_bit_for_bit(prepared):
     out = run(*train_args(prepared, b), '--resume=True')
     assert out.returncode == 0, out.stderr
     assert 'resumed at iter' in out.stdout
-    assert log_without_timing(b) == log_without_timing(prepared / 'straight')
+    assert same_log.read_log(b) == same_log.read_log(prepared / 'straight')
     final = [torch.load(d / 'latest.pt', weights_only=False)['model'] for d in (b, prepared / 'straight')]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
@@ -159,7 +154,7 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert 'all 2 processes hold identical parameters' in two.stdout
-    logs = [log_without_timing(prepared / d) for d in ('ddp1', 'ddp2')]
+    logs = [same_log.read_log(prepared / d) for d in ('ddp1', 'ddp2')]
     assert [r['iter'] for r in logs[0]] == [r['iter'] for r in logs[1]]
     for a, b in zip(*logs):  # (a training line's routing statistics are of its last micro-batch(es): not compared)
         for key in ('val_loss', 'busiest_frac', 'router_entropy') if 'val_loss' in a else ('loss', 'ce', 'lb', 'z'):

@@ -41,6 +41,11 @@ def write_stories(path, n, seed=0):
 
 
 # ----------------------------------------------------------------------------- MoE layer
+def expert_output(moe, i, v):
+    """Expert i's SwiGLU on one token's vector v."""
+    return (F.silu(v @ moe.gate[i]) * (v @ moe.up[i])) @ moe.down[i]
+
+
 def reference_moe(moe, x):
     """The simplest correct MoE: one token at a time, each of its top_k experts, gate-weighted."""
     probs = (x.float() @ moe.router.weight.float().T).softmax(-1)
@@ -50,7 +55,7 @@ def reference_moe(moe, x):
         if moe.top_k > 1:  # Mixtral renormalises top-k weights; top-1 keeps its probability (Switch)
             w = w / w.sum()
         for weight, i in zip(w, e.tolist()):
-            out[t] += weight * ((F.silu(x[t] @ moe.gate[i]) * (x[t] @ moe.up[i])) @ moe.down[i])
+            out[t] += weight * expert_output(moe, i, x[t])
     return out
 
 
@@ -92,9 +97,7 @@ def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
     assert counts.tolist() == experts.bincount(minlength=4).tolist() and counts[2] == 0
     y_ref = torch.zeros_like(x)
     for a, i in enumerate(experts.tolist()):  # slot-major: assignment a is token a % N
-        xt = x[a % N]
-        y_ref = y_ref.index_add(0, torch.tensor([a % N]),
-                                (weights[a] * (F.silu(xt @ moe.gate[i]) * (xt @ moe.up[i])) @ moe.down[i])[None])
+        y_ref = y_ref.index_add(0, torch.tensor([a % N]), (weights[a] * expert_output(moe, i, x[a % N]))[None])
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
     probe = torch.randn_like(y)
     inputs = [x, weights, moe.gate, moe.up, moe.down]  # (the router is not used by dispatch)
