@@ -1,5 +1,6 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
 import json
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,10 @@ import torch
 
 import bench
 import train
-from test_smoke import REPO, config, reference_moe
+from test_smoke import REPO, config, expert_output, reference_moe
+
+sys.path.insert(0, os.path.join(REPO, 'scripts'))
+import moe_layer_cost  # noqa: E402 (scripts/ is not a package)
 
 
 def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
@@ -149,3 +153,38 @@ def test_gpu_check_default_settings_are_a_valid_config():
         steps = 8 if tiny else 300
         c = train.configure(['config/moe.py'] + gpu_check.train_args(steps, tiny))
         assert c.max_iters == steps and c.ckpt_interval % c.log_interval == 0
+
+
+def test_layer_cost_stages_compute_what_they_are_named():
+    """The router stage is the MoE layer's output, the grouping stage is it under the same (fixed) routing, and
+    the experts stage runs expert e on the e-th equal slice of the k copies of the tokens, then sums the copies."""
+    torch.manual_seed(0)
+    c = config(n_experts=3, top_k=2)
+    moe, dense = train.MoE(c, resid_std=0.02), train.SwiGLU(16, 40, resid_std=0.02)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_()
+    x = torch.randn(6, 16)
+    out = {name: forward()[0] for name, forward in moe_layer_cost.stages(moe, dense, x, c).items()}
+    y = moe(x)[0]
+    assert torch.equal(out['router'], y) and torch.equal(out['grouping'], y) and torch.equal(out['dense_active'], dense(x))
+    rows = x.repeat(2, 1)  # 12 rows: 4 per expert
+    expected = torch.stack([expert_output(moe, r // 4, rows[r]) for r in range(12)]).view(2, 6, 16).sum(dim=0)
+    torch.testing.assert_close(out['experts'], expected, rtol=1e-4, atol=1e-4)
+    aux, aux_loss = moe(x)[1], moe_layer_cost.stages(moe, dense, x, c)['moe']()[1]
+    assert aux_loss.item() == pytest.approx(c.aux_loss_coef * aux['lb'].item() + c.z_loss_coef * aux['z'].item())
+
+
+def test_layer_cost_prints_the_stages_and_ends_with_the_json_line():
+    out = subprocess.run([sys.executable, 'scripts/moe_layer_cost.py', 'config/cpu_moe.py', '--steps=2', '--rounds=1',
+                          '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    ms = result['ms_per_layer']
+    assert list(ms) == ['dense_active', 'experts', 'grouping', 'router', 'moe'] and result['tokens'] == 128
+    assert result['extra_ms_per_step'] == pytest.approx(4 * (ms['moe'] - ms['dense_active']))
+    assert f'{ms["router"]:.2f} {ms["router"] - ms["grouping"]:+22.2f}' in out.stdout
+    bad = subprocess.run([sys.executable, 'scripts/moe_layer_cost.py', 'config/cpu_moe.py', '--steps=0'],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and '--steps and --rounds must be >= 1' in bad.stderr

@@ -240,19 +240,7 @@ class MoE(nn.Module):
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         N, E, k = x.shape[0], self.n_experts, self.top_k
-        # Routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive. The logits
-        # are laid out (E, N), experts first, so that every reduction over experts runs along contiguous
-        # rows of N tokens: on a CPU that is 10x faster than reducing N rows of E=4 values each.
-        with torch.autocast(x.device.type, enabled=False):
-            logits = self.router.weight.float() @ x.float().t()  # (E, N)
-        log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
-        probs = (logits - log_z).exp()  # the softmax over experts
-        weights, experts = probs.topk(k, dim=0)  # (k, N): each token's k experts and their gate weights
-        if k > 1:  # Mixtral renormalises its top-k weights to sum to 1. At top-1 that would make every weight
-            # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
-            weights = weights / weights.sum(dim=0)
-
-        experts, weights = experts.flatten(), weights.flatten()  # slot-major: assignment a is token a % N
+        probs, log_z, weights, experts = self.route(x)
         y, counts = self.dispatch(x, weights, experts)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
@@ -266,6 +254,23 @@ class MoE(nn.Module):
             'routing': routing,
         }
         return y.view(shape), aux
+
+    def route(self, x):
+        """The router on x (N, d): -> probs (E, N), the softmax over experts; log_z (N,), its log-normaliser; and
+        the N*k assignments' gate weights and experts, slot-major: assignment a is token a % N."""
+        k = self.top_k
+        # Routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive. The logits
+        # are laid out (E, N), experts first, so that every reduction over experts runs along contiguous
+        # rows of N tokens: on a CPU that is 10x faster than reducing N rows of E=4 values each.
+        with torch.autocast(x.device.type, enabled=False):
+            logits = self.router.weight.float() @ x.float().t()  # (E, N)
+        log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
+        probs = (logits - log_z).exp()  # the softmax over experts
+        weights, experts = probs.topk(k, dim=0)  # (k, N): each token's k experts and their gate weights
+        if k > 1:  # Mixtral renormalises its top-k weights to sum to 1. At top-1 that would make every weight
+            # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
+            weights = weights / weights.sum(dim=0)
+        return probs, log_z, weights.flatten(), experts.flatten()
 
     def dispatch(self, x, weights, experts):
         """Run each expert on its tokens only. The N*k assignments (slot-major: assignment a is token a % N)
