@@ -28,17 +28,15 @@ cpu: setup $(CPU_RUNS)
 paper: setup $(PAPER_RUNS)
 	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
 
-# what the MoE costs per training step here (bench.py), at the CPU recipe's width: eager, compiled, eager again
-# with the profile of where the time goes, one layer stage by stage (scripts/moe_layer_cost.py), eager and
-# compiled on one thread (as `OMP_NUM_THREADS=1 make -j2 study` trains, two runs side by side); then wider
+# what the MoE costs per training step here (bench.py), at the CPU recipe's width: eager with the MoE built up in
+# stages, compiled, eager again with the profile of where the time goes, both on one thread (as
+# `OMP_NUM_THREADS=1 make -j2 study` trains, two runs side by side); then wider
 BENCH = $(PYTHON) bench.py config/cpu_moe.py
 bench: setup
 	mkdir -p results/bench
-	$(BENCH) > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
+	$(BENCH) --stages=True > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
 	$(BENCH) --compile=True > results/bench/cpu_moe_compiled.txt && cat results/bench/cpu_moe_compiled.txt
 	$(BENCH) --profile=True > results/bench/cpu_moe_eager_profile.txt && cat results/bench/cpu_moe_eager_profile.txt
-	$(PYTHON) scripts/moe_layer_cost.py config/cpu_moe.py > results/bench/cpu_moe_layer_cost.txt \
-		&& cat results/bench/cpu_moe_layer_cost.txt
 	OMP_NUM_THREADS=1 $(BENCH) > results/bench/cpu_moe_eager_1thread.txt && cat results/bench/cpu_moe_eager_1thread.txt
 	OMP_NUM_THREADS=1 $(BENCH) --compile=True > results/bench/cpu_moe_compiled_1thread.txt \
 		&& cat results/bench/cpu_moe_compiled_1thread.txt

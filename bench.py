@@ -4,6 +4,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
     python bench.py config/cpu_moe.py                  # eager, on this machine's device
     python bench.py config/cpu_moe.py --compile=True --steps=20
     python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes, op by op
+    python bench.py config/cpu_moe.py --stages=True    # also: the MoE built up in stages (see STAGES)
 
 All four models come from the given config's shared recipe (only the FFN differs, as in training). The
 naive MoE is the simplest correct implementation: every expert runs on every token and the outputs are
@@ -31,6 +32,38 @@ class NaiveMoE(train.MoE):
         h = F.silu(torch.einsum('nd,edh->enh', x, self.gate)) * torch.einsum('nd,edh->enh', x, self.up)
         counts = (experts[:, None] == torch.arange(self.n_experts, device=x.device)).sum(dim=0)  # (bincount: graph break)
         return torch.einsum('enh,ehd,en->nd', h, self.down, gates.to(h.dtype)), counts
+
+
+def no_aux(x, n_experts):
+    """The aux of a stage without aux losses and statistics: zeros in their places."""
+    return {'lb': x.new_zeros(()), 'z': x.new_zeros(()), 'routing': x.new_zeros(n_experts + 2)}
+
+
+class ExpertsOnlyMoE(train.MoE):
+    """Stage 1: the experts alone, each on an equal slice of the tokens' k copies, then each token's copies summed:
+    what running k narrow experts per token costs, with no router and no grouping."""
+
+    def forward(self, x):
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        N, k = x.shape[0], self.top_k
+        rows = torch.tensor([len(part) for part in torch.arange(N * k).tensor_split(self.n_experts)], device=x.device)
+        return self.experts(x.repeat(k, 1), rows).view(k, N, -1).sum(dim=0).view(shape), no_aux(x, self.n_experts)
+
+
+class RoutedMoE(train.MoE):
+    """Stage 2: + the router and the grouping of the tokens by its choice: the MoE layer without its aux losses and
+    routing statistics."""
+
+    def forward(self, x):
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        y, _ = self.dispatch(x, *self.route(x)[2:])
+        return y.view(shape), no_aux(x, self.n_experts)
+
+
+# --stages: the MoE built up, each stage a model of its own in the timing; the last stage is the MoE as trained
+STAGES = {'experts_only': ('the experts alone', ExpertsOnlyMoE), 'routed': ('+ router and grouping', RoutedMoE),
+          'moe': ('+ aux losses and statistics (the MoE)', None)}
+VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.items() if cls}}
 
 
 def build(argv):
@@ -77,12 +110,14 @@ def print_profile_difference(models, batches, step, top=15):
 def main(argv):
     steps = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--steps=')), 10)
     rounds = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--rounds=')), 3)
-    profile = '--profile=True' in argv
-    argv = [a for a in argv if not a.startswith(('--steps=', '--rounds=', '--profile='))]
+    profile, stages = '--profile=True' in argv, '--stages=True' in argv
+    argv = [a for a in argv if not a.startswith(('--steps=', '--rounds=', '--profile=', '--stages='))]
     if steps < 1 or rounds < 1 or steps * rounds < 2:
         sys.exit('bench.py: --steps and --rounds must be >= 1 and time at least 2 steps in all (e.g. --steps=10 --rounds=3)')
     configs = build(argv)
     c = configs['moe']
+    if stages:
+        configs.update({name: c for name in STAGES if name != 'moe'})
     device, use_compile, autocast = train.setup_device(c)  # as in training
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
 
@@ -90,9 +125,9 @@ def main(argv):
     for name, cfg in configs.items():
         torch.manual_seed(0)
         model = train.Transformer(cfg).to(device)
-        if name == 'naive_moe':  # the same weights, computed the naive way
+        if name in VARIANTS:  # the same weights, computed another way
             for block in model.blocks:
-                block.ffn.__class__ = NaiveMoE
+                block.ffn.__class__ = VARIANTS[name]
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == 'cuda')
         models[name] = (torch.compile(model) if use_compile else model, opt, cfg)
 
@@ -142,6 +177,10 @@ def main(argv):
               'moe_over_dense_active_quartiles': list(paired),
               'naive_over_moe': ms['naive_moe'] / ms['moe'],
               'dense_total_over_moe': ms['dense_total'] / ms['moe']}
+    if stages:
+        result['stages_over_dense_active'] = {name: ms[name] / ms['dense_active'] for name in STAGES}
+        print('the MoE built up in stages, each / dense_active: ' + ', '.join(
+            f'{label} {ms[name] / ms["dense_active"]:.3f}' for name, (label, _) in STAGES.items()))
     print(json.dumps(result))
 
 

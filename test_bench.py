@@ -1,6 +1,5 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
 import json
-import os
 import subprocess
 import sys
 
@@ -10,9 +9,6 @@ import torch
 import bench
 import train
 from test_smoke import REPO, config, expert_output, reference_moe
-
-sys.path.insert(0, os.path.join(REPO, 'scripts'))
-import moe_layer_cost  # noqa: E402 (scripts/ is not a package)
 
 
 def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
@@ -35,7 +31,7 @@ def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
 def test_bench_prints_a_table_and_ends_with_the_json_line():
     out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--steps=2', '--rounds=1',
                           '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1',
-                          '--profile=True'],
+                          '--profile=True', '--stages=True'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -44,12 +40,15 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     extra = [float(line.split()[0]) for line in lines[top + 1:top + 16]]  # '   +1.23  aten::mm' lines
     assert len(extra) == 15 and extra == sorted(extra, reverse=True)
     result = json.loads(lines[-1])
-    assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}
+    assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe', 'experts_only', 'routed'}
     ms = result['ms_per_step']
     assert result['moe_over_dense_active'] == ms['moe'] / ms['dense_active']
     low, high = result['moe_over_dense_active_quartiles']
     assert f'middle half of the per-step ratios: {low:.3f} to {high:.3f}' in out.stdout
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
+    stages = result['stages_over_dense_active']
+    assert list(stages) == ['experts_only', 'routed', 'moe'] and stages['moe'] == result['moe_over_dense_active']
+    assert f'+ router and grouping {stages["routed"]:.3f}' in out.stdout
 
 
 def test_paired_ratio_quartiles_pair_each_step_with_the_reference_step():
@@ -155,36 +154,25 @@ def test_gpu_check_default_settings_are_a_valid_config():
         assert c.max_iters == steps and c.ckpt_interval % c.log_interval == 0
 
 
-def test_layer_cost_stages_compute_what_they_are_named():
-    """The router stage is the MoE layer's output, the grouping stage is it under the same (fixed) routing, and
-    the experts stage runs expert e on the e-th equal slice of the k copies of the tokens, then sums the copies."""
+def test_stages_compute_what_they_are_named():
+    """experts_only runs expert e on the e-th equal slice of the tokens' k copies and sums the copies; routed is the
+    MoE layer's output, router gradient included, without the aux losses."""
     torch.manual_seed(0)
-    c = config(n_experts=3, top_k=2)
-    moe, dense = train.MoE(c, resid_std=0.02), train.SwiGLU(16, 40, resid_std=0.02)
+    moe = train.MoE(config(n_experts=3, top_k=2), resid_std=0.02)
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_()
+    experts_only, routed = (train.MoE(config(n_experts=3, top_k=2), resid_std=0.02) for _ in range(2))
+    for stage, cls in ((experts_only, bench.ExpertsOnlyMoE), (routed, bench.RoutedMoE)):
+        stage.load_state_dict(moe.state_dict())
+        stage.__class__ = cls
     x = torch.randn(6, 16)
-    out = {name: forward()[0] for name, forward in moe_layer_cost.stages(moe, dense, x, c).items()}
-    y = moe(x)[0]
-    assert torch.equal(out['router'], y) and torch.equal(out['grouping'], y) and torch.equal(out['dense_active'], dense(x))
     rows = x.repeat(2, 1)  # 12 rows: 4 per expert
     expected = torch.stack([expert_output(moe, r // 4, rows[r]) for r in range(12)]).view(2, 6, 16).sum(dim=0)
-    torch.testing.assert_close(out['experts'], expected, rtol=1e-4, atol=1e-4)
-    aux, aux_loss = moe(x)[1], moe_layer_cost.stages(moe, dense, x, c)['moe']()[1]
-    assert aux_loss.item() == pytest.approx(c.aux_loss_coef * aux['lb'].item() + c.z_loss_coef * aux['z'].item())
-
-
-def test_layer_cost_prints_the_stages_and_ends_with_the_json_line():
-    out = subprocess.run([sys.executable, 'scripts/moe_layer_cost.py', 'config/cpu_moe.py', '--steps=2', '--rounds=1',
-                          '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1'],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    ms = result['ms_per_layer']
-    assert list(ms) == ['dense_active', 'experts', 'grouping', 'router', 'moe'] and result['tokens'] == 128
-    assert result['extra_ms_per_step'] == pytest.approx(4 * (ms['moe'] - ms['dense_active']))
-    assert f'{ms["router"]:.2f} {ms["router"] - ms["grouping"]:+22.2f}' in out.stdout
-    bad = subprocess.run([sys.executable, 'scripts/moe_layer_cost.py', 'config/cpu_moe.py', '--steps=0'],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and '--steps and --rounds must be >= 1' in bad.stderr
+    y, aux = experts_only(x)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+    assert aux['lb'].item() == aux['z'].item() == 0 and aux['routing'].shape == (5,)
+    y, aux = routed(x)
+    assert torch.equal(y, moe(x)[0]) and aux['lb'].item() == 0
+    y.sum().backward()
+    assert routed.router.weight.grad is not None
