@@ -6,7 +6,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
     python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes, op by op
     python bench.py config/cpu_moe.py --stages=True    # also: the MoE built up in stages (see STAGES)
 
-All four models come from the given config's shared recipe (only the FFN differs, as in training). The
+All models come from the given config's shared recipe (only the FFN differs, as in training). The
 naive MoE is the simplest correct implementation: every expert runs on every token and the outputs are
 combined with the sparse top-k gate weights. Steps (forward, backward, AdamW) run on the same batches,
 the models interleaved, in several rounds; the medians are reported. The last line is one JSON object.
@@ -45,8 +45,8 @@ class ExpertsOnlyMoE(train.MoE):
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
-        N, k = x.shape[0], self.top_k
-        rows = torch.tensor([len(part) for part in torch.arange(N * k).tensor_split(self.n_experts)], device=x.device)
+        N, k, E = x.shape[0], self.top_k, self.n_experts
+        rows = torch.tensor([(N * k + e) // E for e in range(E)], device=x.device)  # near-equal, summing to N*k
         return self.experts(x.repeat(k, 1), rows).view(k, N, -1).sum(dim=0).view(shape), no_aux(x, self.n_experts)
 
 
@@ -67,12 +67,23 @@ VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.ite
 
 
 def build(argv):
-    """The four models' configs; the MoE settings of the recipe size the two matched dense models."""
+    """The configs of the four models always timed; the recipe's MoE settings size the two matched dense models."""
     variants = {'moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0'],
                 'dense_active': ["--ffn='dense'", "--match='active'", '--ffn_hidden=0'],
                 'dense_total': ["--ffn='dense'", "--match='total'", '--ffn_hidden=0'],
                 'naive_moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0']}
     return {name: train.configure(argv + extra) for name, extra in variants.items()}
+
+
+def make_model(name, cfg):
+    """The model timed as name: every model starts from the same seed; the variants (the naive MoE, the stages)
+    have the MoE's weights, computed their way."""
+    torch.manual_seed(0)
+    model = train.Transformer(cfg)
+    if name in VARIANTS:
+        for block in model.blocks:
+            block.ffn.__class__ = VARIANTS[name]
+    return model
 
 
 def flops_per_token(c):
@@ -117,17 +128,13 @@ def main(argv):
     configs = build(argv)
     c = configs['moe']
     if stages:
-        configs.update({name: c for name in STAGES if name != 'moe'})
+        configs.update({name: c for name, (_, cls) in STAGES.items() if cls})
     device, use_compile, autocast = train.setup_device(c)  # as in training
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
 
     models = {}
     for name, cfg in configs.items():
-        torch.manual_seed(0)
-        model = train.Transformer(cfg).to(device)
-        if name in VARIANTS:  # the same weights, computed another way
-            for block in model.blocks:
-                block.ffn.__class__ = VARIANTS[name]
+        model = make_model(name, cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == 'cuda')
         models[name] = (torch.compile(model) if use_compile else model, opt, cfg)
 

@@ -155,8 +155,8 @@ def test_gpu_check_default_settings_are_a_valid_config():
 
 
 def test_stages_compute_what_they_are_named():
-    """experts_only runs expert e on the e-th equal slice of the tokens' k copies and sums the copies; routed is the
-    MoE layer's output, router gradient included, without the aux losses."""
+    """experts_only runs expert e on the e-th near-equal slice of the tokens' k copies and sums the copies; routed is
+    the MoE layer's output, router gradient included, without the aux losses; bench times each as its own class."""
     torch.manual_seed(0)
     moe = train.MoE(config(n_experts=3, top_k=2), resid_std=0.02)
     with torch.no_grad():
@@ -166,9 +166,9 @@ def test_stages_compute_what_they_are_named():
     for stage, cls in ((experts_only, bench.ExpertsOnlyMoE), (routed, bench.RoutedMoE)):
         stage.load_state_dict(moe.state_dict())
         stage.__class__ = cls
-    x = torch.randn(6, 16)
-    rows = x.repeat(2, 1)  # 12 rows: 4 per expert
-    expected = torch.stack([expert_output(moe, r // 4, rows[r]) for r in range(12)]).view(2, 6, 16).sum(dim=0)
+    x = torch.randn(5, 16)
+    rows, owner = x.repeat(2, 1), [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]  # 10 rows over 3 experts: 3, 3, 4
+    expected = torch.stack([expert_output(moe, owner[r], rows[r]) for r in range(10)]).view(2, 5, 16).sum(dim=0)
     y, aux = experts_only(x)
     torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
     assert aux['lb'].item() == aux['z'].item() == 0 and aux['routing'].shape == (5,)
@@ -176,3 +176,7 @@ def test_stages_compute_what_they_are_named():
     assert torch.equal(y, moe(x)[0]) and aux['lb'].item() == 0
     y.sum().backward()
     assert routed.router.weight.grad is not None
+    c = config(n_experts=3, top_k=2)
+    for name, cls in (('moe', train.MoE), ('naive_moe', bench.NaiveMoE), ('experts_only', bench.ExpertsOnlyMoE),
+                      ('routed', bench.RoutedMoE)):
+        assert all(type(block.ffn) is cls for block in bench.make_model(name, c).blocks)
