@@ -14,6 +14,7 @@ import difflib
 import json
 import math
 import os
+import platform
 import sys
 import time
 import types
@@ -591,6 +592,13 @@ def setup_device(c):
     return device, device.type == 'cuda' if c.compile is None else c.compile, autocast
 
 
+def cpu_name():
+    """The CPU's model and vector ISA: bit-for-bit reruns need the same kind of CPU (its rounding differs)."""
+    model = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
+                 '') if os.path.exists('/proc/cpuinfo') else ''
+    return f'{model or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})'
+
+
 def main(argv):
     c = configure(argv)
     if c.print_params:
@@ -660,7 +668,8 @@ def main(argv):
         log_file = open(log_path, 'a')
         with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
             json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
-                       'device_used': device.type, 'compile_used': use_compile, 'world_size': world}, f, indent=2)
+                       'device_used': device.type, 'compile_used': use_compile, 'world_size': world,
+                       'cpu': cpu_name(), 'torch': torch.__version__}, f, indent=2)  # a log reproduces on its CPU kind
         print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M active), '
               f'{iters} iters x {tokens_per_iter} tokens, {device.type}{" compiled" if use_compile else ""}'
               f'{f" x {world} processes" if ddp else ""} -> {c.out_dir}' + (f', resumed at iter {start}' if ckpt else
