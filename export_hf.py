@@ -1,6 +1,6 @@
 """
 Export a trained run to a Hugging Face transformers folder: dense runs as LlamaForCausalLM, MoE runs as
-MixtralForCausalLM (config.json + model.safetensors, plus the tokenizer files for GPT-2 runs).
+MixtralForCausalLM (config.json + model.safetensors), with the run's tokenizer for AutoTokenizer.
 
     python export_hf.py --out_dir out/moe-s1 --to hf/moe-s1
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/moe-s1')"
@@ -9,6 +9,9 @@ Our layout is already Llama's: RoPE in rotate-half order, RMSNorm, SwiGLU, no bi
 the embedding. Export splits the fused qkv projection into q/k/v, transposes the stacked expert matrices
 into Mixtral's per-expert w1 (gate), w3 (up), w2 (down), and writes the Hub's Mixtral names, which every
 transformers version and the tools that read the format load. transformers itself is not needed to export.
+The tokenizer: GPT-2 runs get GPT-2's BPE files (tiktoken's); bytes runs a byte-level tokenizer.json (ids 0-255
+are the UTF-8 bytes, 256 is <|endoftext|>, as in prepare.ByteTokenizer), built with the tokenizers package
+(imported for bytes runs only; transformers installs it).
 Top-1 MoE runs cannot be exported: their gate keeps the raw softmax probability (Switch), while Mixtral
 always renormalises the top-k weights, which at top-1 makes every gate 1.
 """
@@ -18,8 +21,9 @@ import os
 import shutil
 import sys
 
-import torch
 from safetensors.torch import save_file
+
+from train import load_checkpoint
 
 
 def die(msg):
@@ -73,6 +77,9 @@ def hf_state_dict(c, sd):
     return {name: t.detach().float().contiguous().clone() for name, t in out.items()}
 
 
+EOT = '<|endoftext|>'
+
+
 def write_gpt2_tokenizer(folder, block_size):
     """The GPT-2 tokenizer from the same BPE files tiktoken uses (its cache, or the web): encoder.json is
     transformers' vocab.json, vocab.bpe its merges.txt."""
@@ -85,10 +92,30 @@ def write_gpt2_tokenizer(folder, block_size):
     for name, data in files.items():
         with open(os.path.join(folder, name), 'wb') as f:
             f.write(data)
-    eot = '<|endoftext|>'
     with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
-        json.dump({'tokenizer_class': 'GPT2Tokenizer', 'model_max_length': block_size, 'bos_token': eot,
-                   'eos_token': eot, 'unk_token': eot, 'add_prefix_space': False}, f, indent=2)
+        json.dump({'tokenizer_class': 'GPT2Tokenizer', 'model_max_length': block_size, 'bos_token': EOT,
+                   'eos_token': EOT, 'unk_token': EOT, 'add_prefix_space': False}, f, indent=2)
+
+
+def write_bytes_tokenizer(folder, block_size):
+    """prepare.ByteTokenizer for transformers: a byte-level BPE without merges or prefix space, so token b is
+    byte b and the ids are exactly text.encode(); EOT (256) is <|endoftext|>."""
+    try:
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        die('bytes runs export their tokenizer with the tokenizers package; pip install tokenizers (or transformers)')
+    # ByteLevel spells byte b as a printable character: itself where printable, else 256, 257, ... in byte order
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    others = iter(range(256, 512))
+    vocab = {chr(b) if b in printable else chr(next(others)): b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
+    tok.save(os.path.join(folder, 'tokenizer.json'))
+    with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:  # no cleanup: it drops the space in ' .'
+        json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'model_max_length': block_size, 'bos_token': EOT,
+                   'eos_token': EOT, 'pad_token': EOT, 'clean_up_tokenization_spaces': False}, f, indent=2)
 
 
 def export(out_dir, to, ckpt_name='best.pt'):
@@ -96,7 +123,7 @@ def export(out_dir, to, ckpt_name='best.pt'):
     if not os.path.isfile(path):
         die(f'no checkpoint at {path}; train one first or point --out_dir at a run folder')
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        ckpt = load_checkpoint(path)
         c, sd, meta = ckpt['config'], ckpt['model'], ckpt['meta']
     except Exception as e:
         die(f'{path} is not a usable tinymoe checkpoint ({type(e).__name__})')
@@ -114,8 +141,8 @@ def export(out_dir, to, ckpt_name='best.pt'):
         with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
             json.dump({'bos_token_id': meta['eot_id'], 'eos_token_id': meta['eot_id']}, f, indent=2)
         save_file(hf_state_dict(c, sd), os.path.join(tmp, 'model.safetensors'), metadata={'format': 'pt'})
-        if meta['tokenizer'] == 'gpt2':
-            write_gpt2_tokenizer(tmp, c['block_size'])
+        write_tokenizer = write_gpt2_tokenizer if meta['tokenizer'] == 'gpt2' else write_bytes_tokenizer
+        write_tokenizer(tmp, c['block_size'])
         os.makedirs(os.path.dirname(os.path.abspath(to)), exist_ok=True)
         if os.path.exists(to):
             os.rmdir(to)  # empty, checked above
@@ -123,8 +150,7 @@ def export(out_dir, to, ckpt_name='best.pt'):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     arch = 'MixtralForCausalLM' if c['ffn'] == 'moe' else 'LlamaForCausalLM'
-    print(f'{path} -> {to} ({arch}, {meta["tokenizer"]} tokenizer' +
-          (': ids 0-255 are bytes, decode with bytes(ids).decode("utf-8", "replace"))' if meta['tokenizer'] == 'bytes' else ')'))
+    print(f'{path} -> {to} ({arch}, {meta["tokenizer"]} tokenizer)')
 
 
 def main(argv=None):

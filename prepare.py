@@ -1,7 +1,12 @@
 """Tokenise TinyStories into flat uint16 token files for train.py.
 
     python prepare.py                                    # HF hub: roneneldan/TinyStories, gpt2 BPE
+    python prepare.py --hf_stories 5510 --tokenizer bytes --out_dir data/tinystories_bytes
     python prepare.py --input stories.txt --tokenizer bytes --out_dir data/ts_bytes
+
+--hf_stories N streams only what a local file of N stories would give (the CPU route's data, from the
+hub, without the 2 GB download): its train stories from the head of the hub's train split, its val
+stories from the head of the hub's validation split.
 
 Writes <out_dir>/train.bin and val.bin (np.uint16, every story followed by the EOT id) and
 meta.json (tokenizer, vocab_size, eot_id, counts, and the arguments that produced them).
@@ -9,6 +14,7 @@ A complete meta.json means a complete dataset: it is written last, and rerunning
 arguments is a no-op unless --force. sample.py uses get_tokenizer() from here.
 """
 import argparse
+import itertools
 import json
 import os
 import re
@@ -101,6 +107,11 @@ def read_stories(path):
     return stories
 
 
+def val_count(n, val_fraction):
+    """How many of n stories become val: at least one in each split."""
+    return min(n - 1, max(1, round(n * val_fraction)))
+
+
 def file_key(path):
     """What identifies an input file for the skip check: absolute path, size, mtime."""
     st = os.stat(path)
@@ -158,27 +169,53 @@ def write_split(f, stories, args, desc):
     return n_tokens, n_stories
 
 
+def load_hub(args):
+    """-> (train, val, source) from HF_DATASET: all of it, or with --hf_stories N what a local file of
+    N stories would give, from the head of each split."""
+    import datasets
+    import huggingface_hub
+    huggingface_hub.utils.logging.set_verbosity_error()  # its retry warnings would bury our one-line error
+    if args.hf_stories is None:
+        ds = datasets.load_dataset(HF_DATASET)
+        # ds["text"] is a lazy column (datasets>=3): chunks are read from the Arrow file as needed
+        return ds["train"]["text"], ds["validation"]["text"], f"huggingface:{HF_DATASET}"
+    # streaming needs the hub anyway: fail after one quick try, not after load_dataset's retries
+    # (~25 s when huggingface.co does not resolve, minutes when connections hang)
+    huggingface_hub.dataset_info(HF_DATASET, timeout=10)
+
+    def head(split, n):  # streamed: only these n stories are downloaded
+        return [row["text"] for row in
+                itertools.islice(datasets.load_dataset(HF_DATASET, split=split, streaming=True), n)]
+
+    n_val = val_count(args.hf_stories, args.val_fraction)
+    train, val = head("train", args.hf_stories - n_val), head("validation", n_val)
+    if (len(train), len(val)) != (args.hf_stories - n_val, n_val):
+        raise UserError(f"--hf_stories {args.hf_stories} needs {args.hf_stories - n_val} train and {n_val} "
+                        f"validation stories, {HF_DATASET} gave {len(train)} and {len(val)}; "
+                        "pass a smaller --hf_stories or --val_fraction")
+    return train, val, (f"huggingface:{HF_DATASET} (first {len(train)} train stories, "
+                        f"first {len(val)} validation stories)")
+
+
 def load_splits(args):
     """-> (train, val, source): two sequences of story texts and a description of where from."""
     if args.input is None:
         try:
-            import datasets
-            ds = datasets.load_dataset(HF_DATASET)
-            train, val = ds["train"], ds["validation"]
-        except Exception as e:  # anything at all here means we could not get the data
+            return load_hub(args)
+        except UserError:
+            raise
+        except Exception as e:  # anything else here means we could not get the data
             reason = f"{type(e).__name__}: {str(e).strip()}".splitlines()[0][:200]
             raise UserError(f"could not load {HF_DATASET} from the Hugging Face hub ({reason}); "
-                            "with a local copy use --input FILE") from None
-        # ds["text"] is a lazy column (datasets>=3): chunks are read from the Arrow file as needed
-        return train["text"], val["text"], f"huggingface:{HF_DATASET}"
+                            "connect to the internet, or use a local TinyStories file: "
+                            "--input FILE (make: TINYSTORIES=FILE)") from None
     stories = read_stories(args.input)
     if args.val_input is not None:
         return stories, read_stories(args.val_input), f"{args.input} (train), {args.val_input} (val)"
     if len(stories) < 2:
         raise UserError(f"{args.input} has {len(stories)} story; need at least 2 to split off "
                         "a validation set (or pass --val_input)")
-    # the last stories become val, deterministically; at least one in each split
-    n_val = min(len(stories) - 1, max(1, round(len(stories) * args.val_fraction)))
+    n_val = val_count(len(stories), args.val_fraction)  # the last ones, deterministically
     return (stories[:-n_val], stories[-n_val:],
             f"{args.input} (last {n_val} of {len(stories)} stories are val)")
 
@@ -200,8 +237,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--input", help="local TinyStories-format text file (default: the HF hub dataset)")
     p.add_argument("--val_input", help="validation text file (with --input; else split off the tail)")
+    p.add_argument("--hf_stories", type=int, metavar="N",
+                   help="from the HF hub, only what a local file of N stories would give (streamed)")
     p.add_argument("--val_fraction", type=float, default=0.05,
-                   help="fraction of --input stories, taken from the end, used as val (default 0.05)")
+                   help="fraction of --input (or --hf_stories) stories used as val: the last ones of the "
+                        "file, the first of the hub's validation split (default 0.05)")
     p.add_argument("--tokenizer", default="gpt2", choices=list(TOKENIZERS))
     p.add_argument("--out_dir", default="data/tinystories")
     p.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenising processes")
@@ -227,6 +267,10 @@ def prepare(args):
         raise UserError("--num_proc and --chunk_size must be at least 1")
     if args.val_input is not None and args.input is None:
         raise UserError("--val_input needs --input")
+    if args.hf_stories is not None and args.input is not None:
+        raise UserError("--hf_stories takes the stories from the hub, --input from a file; pass only one")
+    if args.hf_stories is not None and args.hf_stories < 2:
+        raise UserError(f"--hf_stories must be at least 2 (a train and a val story), got {args.hf_stories}")
     for path in filter(None, (args.input, args.val_input)):
         if not os.path.isfile(path):
             raise UserError(f"{path} is a directory; --input/--val_input take a text file"
@@ -237,7 +281,8 @@ def prepare(args):
         "tokenizer": args.tokenizer,
         "input": file_key(args.input) if args.input else None,
         "val_input": file_key(args.val_input) if args.val_input else None,
-        "val_fraction": args.val_fraction if args.input and not args.val_input else None,
+        "hf_stories": args.hf_stories,
+        "val_fraction": args.val_fraction if (args.input or args.hf_stories) and not args.val_input else None,
     }
     if not args.force and already_prepared(args.out_dir, run_args):
         print(f"{args.out_dir} is already prepared with these arguments (pass --force to redo)")

@@ -1,11 +1,12 @@
 """
 Sample stories from a trained checkpoint (dense or MoE).
 
-    python sample.py                                  # the default run: out/moe-s1 (config/moe.py, seed 1)
+    python sample.py                                  # the most recently finished run in out/
     python sample.py --out_dir out/cpu_moe-s1 --start "once upon a time" --num_samples 3
     python sample.py --start FILE:prompt.txt --temperature 0   # greedy
 """
 import argparse
+import glob
 import os
 import sys
 import types
@@ -13,12 +14,22 @@ import types
 import torch
 
 from prepare import get_tokenizer
-from train import Transformer
+from train import Transformer, load_checkpoint
 
 
 def die(msg):
     print(f'sample.py: error: {msg}', file=sys.stderr)
     sys.exit(1)
+
+
+def newest_run():
+    """The run folder in out/ whose done.json (written when training finishes) is the newest, with a best.pt."""
+    finished = [p for p in glob.glob(os.path.join('out', '*', 'done.json'))
+                if os.path.isfile(os.path.join(os.path.dirname(p), 'best.pt'))]
+    if not finished:
+        die('no finished run in out/; train one first: make cpu (or python train.py config/cpu_moe.py --seed=1), '
+            'or pass --out_dir RUN')
+    return os.path.dirname(max(finished, key=os.path.getmtime))
 
 
 def load_model(out_dir, device):
@@ -28,7 +39,7 @@ def load_model(out_dir, device):
         die(f'no checkpoint at {path}; train one first (e.g. python train.py config/cpu_moe.py --seed=1) '
             'or point --out_dir at a run folder')
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        ckpt = load_checkpoint(path)
         model = Transformer(types.SimpleNamespace(**ckpt['config']))
         model.load_state_dict(ckpt['model'])
         name = ckpt['meta']['tokenizer']
@@ -43,9 +54,29 @@ def load_model(out_dir, device):
     return model.to(device).eval(), tok
 
 
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=None):
+    """Extend idx (1, T) token by token. temperature 0 is greedy; top_k keeps the k most likely tokens. Stops early
+    after emitting stop_id."""
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -model.block_size:])[0][:, -1, :].float()
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, -float('inf'))
+            nxt = torch.multinomial(logits.softmax(dim=-1), 1)
+        idx = torch.cat([idx, nxt], dim=1)
+        if stop_id is not None and nxt.item() == stop_id:
+            break
+    return idx
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--out_dir', default='out/moe-s1', help='run folder holding best.pt')
+    p.add_argument('--out_dir', help='run folder holding best.pt (default: the most recently finished run in out/)')
     p.add_argument('--start', default='', help='prompt text, or FILE:path; empty starts a fresh story')
     p.add_argument('--num_samples', type=int, default=2)
     p.add_argument('--max_new_tokens', type=int, default=500)
@@ -56,6 +87,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         die('--device cuda but torch sees no CUDA GPU; use --device cpu')
+    if args.out_dir is None:
+        args.out_dir = newest_run()
+        print(f'sample.py: sampling from {args.out_dir} (the most recently finished run in out/)', file=sys.stderr)
 
     start = args.start
     if start.startswith('FILE:'):
@@ -68,7 +102,7 @@ def main(argv=None):
     # stories are separated by EOT in training, so EOT + prompt means "a story that begins like this"
     prompt = torch.tensor([[tok.eot_id] + tok.encode(start)], device=args.device)
     for _ in range(args.num_samples):
-        out = model.generate(prompt, args.max_new_tokens, args.temperature, args.top_k, stop_id=tok.eot_id)
+        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, stop_id=tok.eot_id)
         print(tok.decode([i for i in out[0, 1:].tolist() if i != tok.eot_id]))
         print('---------------')
 

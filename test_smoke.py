@@ -1,412 +1,19 @@
-"""Behaviour tests for train.py and sample.py. Every test makes its own small data; CPU only."""
+"""The smoke test: prepare -> train -> sample end to end on tiny made-up stories, dense and MoE, and what a run
+writes. Shared helpers live in tests/conftest.py; the unit tests in tests/. CPU only."""
 import importlib.util
 import json
 import math
 import os
 import random
+import shutil
 import statistics
-import subprocess
-import sys
-import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+import sample
 import train
-
-REPO = os.path.dirname(os.path.abspath(__file__))
-
-
-def config(**overrides):
-    """A resolved config through the real configurator, tiny by default."""
-    tiny = dict(vocab_size=257, block_size=16, n_layer=2, n_head=2, d_model=16, moe_hidden=24, ffn='moe')
-    return train.configure([f'--{k}={v!r}' for k, v in {**tiny, **overrides}.items()])
-
-
-def run(*args, cwd=REPO):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
-def write_stories(path, n, seed=0):
-    """Synthetic stories in the TinyStories release format: a story, then a line <|endoftext|>."""
-    rng = random.Random(seed)
-    names, animals = ['lily', 'tom', 'mia', 'ben', 'sue'], ['cat', 'dog', 'bird', 'fox']
-    places, verbs = ['park', 'garden', 'house', 'forest'], ['play', 'run', 'sing', 'jump']
-    with open(path, 'w', encoding='utf-8') as f:
-        for _ in range(n):
-            name, animal, place, verb = (rng.choice(x) for x in (names, animals, places, verbs))
-            f.write(f'once upon a time, {name} had a {animal}. they liked to {verb} in the {place}.\n\n'
-                    f'one day, the {animal} said, "let us {verb}!" {name} was happy.\n<|endoftext|>\n')
-
-
-# ----------------------------------------------------------------------------- MoE layer
-def expert_output(moe, i, v):
-    """Expert i's SwiGLU on one token's vector v."""
-    return (F.silu(v @ moe.gate[i]) * (v @ moe.up[i])) @ moe.down[i]
-
-
-def reference_moe(moe, x):
-    """The simplest correct MoE: one token at a time, each of its top_k experts, gate-weighted."""
-    probs = (x.float() @ moe.router.weight.float().T).softmax(-1)
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        w, e = probs[t].topk(moe.top_k)
-        if moe.top_k > 1:  # Mixtral renormalises top-k weights; top-1 keeps its probability (Switch)
-            w = w / w.sum()
-        for weight, i in zip(w, e.tolist()):
-            out[t] += weight * expert_output(moe, i, x[t])
-    return out
-
-
-@pytest.mark.parametrize('top_k', [1, 2])
-def test_moe_matches_per_token_reference(top_k):
-    torch.manual_seed(0)
-    moe = train.MoE(config(top_k=top_k), resid_std=0.02)
-    with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
-        for p in moe.parameters():
-            p.normal_()
-    x = torch.randn(3, 7, 16, requires_grad=True)
-    y, aux = moe(x)
-    assert y.shape == x.shape
-    y_ref = reference_moe(moe, x.view(-1, 16))
-    torch.testing.assert_close(y.view(-1, 16), y_ref, rtol=1e-4, atol=1e-4)
-    assert aux['routing'][:4].sum().item() == pytest.approx(1.0)  # the experts' loads
-    # and the gradients (through dispatch, experts, gate weights and router) equal the reference's
-    probe = torch.randn_like(y_ref)
-    inputs = [x] + list(moe.parameters())
-    grads = torch.autograd.grad((y.view(-1, 16) * probe).sum(), inputs)
-    grads_ref = torch.autograd.grad((y_ref * probe).sum(), inputs)
-    for grad, grad_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
-
-
-def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
-    """dispatch() on hand-made assignments where expert 2 gets no token and expert 1 gets every token's
-    second slot: outputs, counts and all gradients against one assignment at a time."""
-    torch.manual_seed(0)
-    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.normal_()
-    N = 10
-    x = torch.randn(N, 16, requires_grad=True)
-    experts = torch.cat([torch.tensor([0, 3])[torch.randint(0, 2, (N,))], torch.ones(N, dtype=torch.long)])
-    weights = torch.rand(2 * N, requires_grad=True)
-    y, counts = moe.dispatch(x, weights, experts)
-    assert counts.tolist() == experts.bincount(minlength=4).tolist() and counts[2] == 0
-    y_ref = torch.zeros_like(x)
-    for a, i in enumerate(experts.tolist()):  # slot-major: assignment a is token a % N
-        y_ref = y_ref.index_add(0, torch.tensor([a % N]), (weights[a] * expert_output(moe, i, x[a % N]))[None])
-    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
-    probe = torch.randn_like(y)
-    inputs = [x, weights, moe.gate, moe.up, moe.down]  # (the router is not used by dispatch)
-    for grad, grad_ref in zip(torch.autograd.grad((y * probe).sum(), inputs),
-                              torch.autograd.grad((y_ref * probe).sum(), inputs)):
-        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize('copies', [1, 3])
-def test_gather_rows_equals_repeat_then_index(copies):
-    """gather_rows(x, perm % len(x), inverse) is x.repeat(copies, 1)[perm], gradient included."""
-    torch.manual_seed(0)
-    x = torch.randn(5, 4, requires_grad=True)
-    perm = torch.randperm(5 * copies)
-    y = train.gather_rows(x, perm % 5, perm.argsort())
-    y_ref = x.repeat(copies, 1)[perm]
-    assert torch.equal(y, y_ref)
-    probe = torch.randn_like(y)
-    torch.testing.assert_close(torch.autograd.grad((y * probe).sum(), x)[0],
-                               torch.autograd.grad((y_ref * probe).sum(), x)[0])
-
-
-def test_one_expert_top1_equals_dense_swiglu():
-    torch.manual_seed(0)
-    moe = train.MoE(config(n_experts=1, top_k=1), resid_std=0.02)
-    dense = train.SwiGLU(16, 24, resid_std=0.02)
-    with torch.no_grad():  # nn.Linear stores (out, in); the stacked experts store (in, out)
-        dense.gate.weight.copy_(moe.gate[0].T)
-        dense.up.weight.copy_(moe.up[0].T)
-        dense.down.weight.copy_(moe.down[0].T)
-    x = torch.randn(2, 5, 16)
-    y, aux = moe(x)
-    torch.testing.assert_close(y, dense(x))
-    assert aux['lb'].item() == pytest.approx(1.0)  # one expert is trivially "balanced"
-
-
-def routed_moe(n_tokens_per_expert, collapse):
-    """A 4-expert top-1 layer with d_model 4 and an identity router, fed one-hot tokens: either cycling
-    through the experts (perfect balance) or all pointing at expert 0 (total collapse)."""
-    moe = train.MoE(config(d_model=4, n_head=1, n_experts=4, top_k=1), resid_std=0.02)
-    with torch.no_grad():
-        moe.router.weight.copy_(torch.eye(4))
-    experts = torch.zeros(4 * n_tokens_per_expert, dtype=torch.long) if collapse else \
-        torch.arange(4).repeat(n_tokens_per_expert)
-    x = 200.0 * F.one_hot(experts, 4).float()  # logits 200 vs 0: probability 1 in fp32
-    return moe, x.unsqueeze(0)
-
-
-def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
-    moe, x = routed_moe(5, collapse=False)
-    _, aux = moe(x)
-    assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
-    moe, x = routed_moe(5, collapse=True)
-    _, aux = moe(x)
-    assert aux['lb'].item() == pytest.approx(4.0, abs=1e-6)
-
-
-def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
-    moe, x = routed_moe(5, collapse=False)  # one-hot tokens, each certain of its expert, cycling over all 4
-    stats = train.routing_stats(moe(x)[1]['routing'][None])  # one layer
-    assert stats['load'] == pytest.approx([0.25] * 4)
-    assert stats['busiest_frac'] == pytest.approx(0.25) and stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
-    assert stats['router_entropy'] == pytest.approx(0.0, abs=1e-6)  # every router is certain
-    assert stats['log_z'] == pytest.approx(200.0, abs=1e-4)  # logsumexp(200, 0, 0, 0)
-    assert stats['dropped_frac'] == 0.0 and len(stats['layers']) == 1
-    moe, x = routed_moe(5, collapse=True)
-    stats = train.routing_stats(moe(x)[1]['routing'][None])
-    assert stats['load'] == pytest.approx([1.0, 0.0, 0.0, 0.0])
-    assert stats['busiest_frac'] == pytest.approx(1.0)
-    assert stats['usage_var'] == pytest.approx(0.1875)  # mean of (0.75^2, 0.25^2, 0.25^2, 0.25^2)
-    # a zero router is maximally unsure: uniform softmax, entropy ln 4, logsumexp(0, 0, 0, 0) = ln 4
-    moe.router.weight.data.zero_()
-    stats = train.routing_stats(moe(x)[1]['routing'][None])
-    assert stats['router_entropy'] == pytest.approx(math.log(4)) and stats['log_z'] == pytest.approx(math.log(4))
-
-
-def test_routing_stats_average_over_layers():
-    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25, 1.0, 2.0],
-                         [0.70, 0.10, 0.10, 0.10, 0.5, 4.0]])
-    stats = train.routing_stats(rows)
-    assert stats['load'] == pytest.approx([0.475, 0.175, 0.175, 0.175])
-    assert stats['busiest_frac'] == pytest.approx((0.25 + 0.70) / 2)
-    assert stats['usage_var'] == pytest.approx((0.0 + 0.0675) / 2)  # var of (0.7, 0.1, 0.1, 0.1) = 0.0675
-    assert stats['router_entropy'] == pytest.approx(0.75) and stats['log_z'] == pytest.approx(3.0)
-    assert [layer['busiest_frac'] for layer in stats['layers']] == pytest.approx([0.25, 0.70])
-
-
-def test_load_balancing_uses_the_full_softmax_not_the_top_k_weights():
-    # a zero router: every probability is 1/4; top-2 ties pick experts 0 and 1, so f = (1/2, 1/2, 0, 0).
-    # Over the full softmax, P = 1/4 each and lb = 4 * (1/2 * 1/4 * 2) = 1. nanoMoE takes P from the
-    # renormalised top-k weights, (1/2, 1/2, 0, 0), and would get 2.
-    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
-    with torch.no_grad():
-        moe.router.weight.zero_()
-    _, aux = moe(torch.randn(1, 10, 16))
-    assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
-    # and for random routing, the same formula computed directly
-    torch.manual_seed(3)
-    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=1.0)
-    x = torch.randn(1, 50, 16)
-    _, aux = moe(x)
-    probs = (x[0] @ moe.router.weight.T).softmax(-1)
-    chosen = probs.topk(2, dim=-1).indices.flatten()
-    f = torch.bincount(chosen, minlength=4).float() / chosen.numel()
-    assert aux['lb'].item() == pytest.approx((4 * (f * probs.mean(0)).sum()).item(), rel=1e-6)
-
-
-def test_top1_router_learns_from_the_lm_loss():
-    # Renormalising a single weight would make it exactly 1 and leave the router without gradient.
-    torch.manual_seed(0)
-    moe = train.MoE(config(top_k=1), resid_std=0.02)
-    y, _ = moe(torch.randn(1, 20, 16))
-    y.square().sum().backward()
-    assert moe.router.weight.grad.abs().max().item() > 1e-6
-
-
-def test_z_loss_matches_its_formula():
-    torch.manual_seed(1)
-    moe = train.MoE(config(), resid_std=0.02)
-    x = torch.randn(2, 9, 16)
-    _, aux = moe(x)
-    logits = x.view(-1, 16) @ moe.router.weight.T
-    expected = (torch.log(torch.exp(logits).sum(-1)) ** 2).mean()
-    assert aux['z'].item() == pytest.approx(expected.item(), rel=1e-5)
-
-
-def test_training_loss_combines_ce_and_mean_aux_over_layers():
-    torch.manual_seed(0)
-    c = config(n_layer=3, aux_loss_coef=0.5, z_loss_coef=0.25)
-    model = train.Transformer(c)
-    idx = torch.randint(0, 257, (2, 16))
-    _, ce, aux = model(idx, idx)
-    layers = aux['layers']
-    assert len(layers) == 3
-    lb = sum(a['lb'] for a in layers) / 3
-    z = sum(a['z'] for a in layers) / 3
-    assert train.training_loss(ce, aux, c).item() == pytest.approx((ce + 0.5 * lb + 0.25 * z).item(), rel=1e-6)
-    c_off = config(aux_loss_coef=0.0, z_loss_coef=0.0)
-    assert train.training_loss(ce, aux, c_off).item() == pytest.approx(ce.item())
-
-
-# ----------------------------------------------------------------------------- model
-def test_rope_rotate_half_is_a_rotation_with_relative_positions():
-    cos, sin = train.rope_cache(8, 32, 10000.0)
-    q, k = torch.randn(8), torch.randn(8)
-    rq = train.apply_rope(q.expand(32, 8), cos, sin)
-    rk = train.apply_rope(k.expand(32, 8), cos, sin)
-    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(32))  # norm preserved
-    # the attention score depends only on the distance between positions
-    assert (rq[5] @ rk[2]).item() == pytest.approx((rq[20] @ rk[17]).item(), rel=1e-4)
-    # rotate-half layout (Hugging Face Llama's): dimension i pairs with i + head_dim/2 and turns at
-    # angle position * theta^(-2i/head_dim); e_i goes to cos * e_i + sin * e_(i+4)
-    for i in range(4):
-        x = torch.zeros(8)
-        x[i] = 1.0
-        angle = 3 * 10000.0 ** (-2 * i / 8)
-        expected = torch.zeros(8)
-        expected[i], expected[i + 4] = math.cos(angle), math.sin(angle)
-        torch.testing.assert_close(train.apply_rope(x.expand(32, 8), cos, sin)[3], expected)
-
-
-@pytest.mark.parametrize('ffn', ['dense', 'moe'])
-def test_model_is_causal(ffn):
-    torch.manual_seed(0)
-    model = train.Transformer(config(ffn=ffn, ffn_hidden=32))
-    idx = torch.randint(0, 257, (1, 16))
-    changed = idx.clone()
-    changed[0, 10:] = (changed[0, 10:] + 1) % 257
-    a, _, _ = model(idx)
-    b, _, _ = model(changed)
-    torch.testing.assert_close(a[0, :10], b[0, :10])
-    assert not torch.allclose(a[0, 10:], b[0, 10:])
-
-
-# ----------------------------------------------------------------------------- parameter accounting
-@pytest.mark.parametrize('ffn,tie', [('dense', True), ('dense', False), ('moe', True), ('moe', False)])
-def test_analytic_param_counts_equal_counted_ones(ffn, tie):
-    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2)
-    model = train.Transformer(c)
-    n = train.count_params(c)
-    assert n['total'] == sum(p.numel() for p in model.parameters())
-    assert n['embedding'] == model.embed.weight.numel()
-    assert n['attention'] == sum(p.numel() for name, p in model.named_parameters() if '.attn.' in name)
-    ffn_params = sum(p.numel() for name, p in model.named_parameters() if '.ffn.' in name and 'router' not in name)
-    assert n['ffn'] == ffn_params
-    if ffn == 'moe':
-        assert n['router'] == sum(model.blocks[i].ffn.router.weight.numel() for i in range(2))
-        assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of three experts unused per layer
-    else:
-        assert n['active'] == n['total']
-
-
-@pytest.mark.parametrize('match', ['active', 'total'])
-def test_matcher_lands_within_tolerance_and_refuses_beyond(match):
-    c = config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, ffn_multiple_of=8)
-    target = train.count_params(config(d_model=48, n_layer=4, moe_hidden=96))[match]
-    got = train.count_params(c)['total']
-    assert c.ffn_hidden % 8 == 0
-    assert abs(got - target) / target <= 0.01
-    # the closest multiple: one step either way is no closer
-    per_step = 3 * 48 * 4 * 8
-    assert abs(got - target) <= per_step / 2
-    with pytest.raises(SystemExit):  # a 1-in-a-million tolerance cannot be met with a step of 4,608 params
-        config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, match_tol=1e-6)
-
-
-def test_print_params_ends_with_one_json_line():
-    out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True', '--data_dir=/nonexistent')
-    assert out.returncode == 0, out.stderr
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden'):
-        assert key in summary
-    assert summary['total'] == summary['active']
-    assert abs(summary['match_error']) <= 0.01
-
-
-@pytest.mark.parametrize('name,role', [('moe', None), ('dense_active', 'active'), ('dense_total', 'total'),
-                                       ('cpu_moe', None), ('cpu_dense_active', 'active'),
-                                       ('cpu_dense_total', 'total')])
-def test_shipped_configs_meet_the_paper_tolerances(name, role):
-    c = train.configure([f'config/{name}.py'])
-    n = train.count_params(c)
-    moe = train.count_params(train.configure([f'config/{"cpu_" if name.startswith("cpu") else ""}moe.py']))
-    if name == 'moe':  # the paper: 14.77M active, 21.06M total
-        assert abs(n['active'] / 14.77e6 - 1) <= 0.02 and abs(n['total'] / 21.06e6 - 1) <= 0.02
-    if role:
-        assert abs(n['total'] / moe[role] - 1) <= 0.01
-
-
-# ----------------------------------------------------------------------------- configurator
-def config_error(capsys, *argv):
-    """configure() must stop with exit code != 0 and one line on stderr; returns that line."""
-    with pytest.raises(SystemExit) as e:
-        train.configure(list(argv))
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and 'error:' in err
-    return err
-
-
-def test_config_errors_are_one_clear_line(tmp_path, capsys):
-    err = config_error(capsys, 'config/cpu_moe.py', '--learning_rat=0.1')
-    assert "unknown config key 'learning_rat'" in err and 'learning_rate' in err
-    bad = tmp_path / 'bad.py'
-    bad.write_text('n_layers = 3\n')
-    err = config_error(capsys, str(bad))
-    assert "'n_layers'" in err and 'n_layer' in err and str(bad) in err
-    bad.write_text("learning_rate = '3e-4'\n")  # a string in a config file
-    assert 'learning_rate must be float' in config_error(capsys, str(bad))
-    assert 'n_layer must be int' in config_error(capsys, '--n_layer=2.5')
-    assert 'not found' in config_error(capsys, 'config/nope.py')
-    assert 'n_head must be positive' in config_error(capsys, '--n_head=0')
-    assert 'data_seed must be >= 0' in config_error(capsys, '--data_seed=-1')
-    assert 'must look like --key=value' in config_error(capsys, '--seed')
-    assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
-    assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs
-    assert 'device' in config_error(capsys, "--device='gpu'")
-    # and as a user sees it: exit code != 0, one line, no traceback
-    out = run('train.py', 'config/cpu_moe.py', '--n_layers=2')
-    assert out.returncode != 0 and out.stderr.count('\n') == 1 and 'Traceback' not in out.stderr
-
-
-def test_config_types_and_resolution():
-    c = config(learning_rate=1, compile=True, device='cpu')  # an int where a float is expected is fine
-    assert c.learning_rate == 1.0 and type(c.learning_rate) is float
-    assert c.compile is True and c.device == 'cpu'
-    c = train.configure(['config/cpu_dense_total.py', '--seed=3'])
-    assert c.config_name == 'cpu_dense_total' and c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
-    assert c.ffn == 'dense' and c.match == 'total' and c.ffn_hidden > 0
-    c = train.configure(['config/cpu_moe.py', '--seed=3', '--data_seed=2'])  # never seed 3's folder
-    assert c.out_dir == os.path.join('out', 'cpu_moe-s3-d2')
-    with pytest.raises(SystemExit):
-        config(compile='yes')
-
-
-# ----------------------------------------------------------------------------- data
-def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tmp_path):
-    data = tmp_path / 'data'
-    write_stories(tmp_path / 'stories.txt', 200)
-    assert run('prepare.py', '--input', str(tmp_path / 'stories.txt'), '--tokenizer', 'bytes',
-               '--out_dir', str(data)).returncode == 0
-    a = config(data_dir=str(data), seed=1, eval_tokens=1000)
-    b = config(data_dir=str(data), seed=2, eval_tokens=1000, ffn='dense', ffn_hidden=32)
-    _, val_a = train.load_data(a)
-    _, val_b = train.load_data(b)
-    assert torch.equal(val_a, val_b) and val_a.shape == (1000 // 16, 17)
-    cpu = torch.device('cpu')
-    x1, y1 = train.get_batch(a, 7, cpu)
-    x2, _ = train.get_batch(a, 7, cpu)
-    x3, _ = train.get_batch(b, 7, cpu)
-    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
-    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
-    # data_seed moves the data order alone: seed 2 with seed 1's data order sees seed 1's batches, and back
-    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=2, data_seed=1), 7, cpu)[0], x1)
-    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=1, data_seed=2), 7, cpu)[0], x3)
-
-
-# ----------------------------------------------------------------------------- end to end
-TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block_size=32', '--batch_size=8',
-        '--max_iters=40', '--eval_interval=20', '--log_interval=10', '--learning_rate=0.01', '--min_lr=0.001']
-
-
-@pytest.fixture(scope='module')
-def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp('e2e')
-    write_stories(root / 'stories.txt', 300)
-    out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes', '--out_dir', str(root / 'data'))
-    assert out.returncode == 0, out.stderr
-    return root
+from tests.conftest import REPO, TINY, config, prepared, run  # noqa: F401 (prepared is a fixture)
 
 
 @pytest.mark.parametrize('cfg', ['cpu_moe', 'cpu_dense_active', 'cpu_moe_top1_nolb'])
@@ -484,6 +91,29 @@ def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
     assert (None, logged) in seed_noise.plateau_escapes(str(prepared), 0.0)['cpu_moe']  # never below 0
 
 
+class FixedLogits(torch.nn.Module):
+    """A stand-in model whose next-token logits are always [2, 1, 0, -1]."""
+    block_size = 8
+
+    def forward(self, idx):
+        return torch.tensor([2.0, 1.0, 0.0, -1.0]).expand(*idx.shape, 4), None, {}
+
+
+@pytest.mark.parametrize('temperature, top_k', [(0, None), (1.0, 1), (1.0, 2), (0.5, None), (2.0, None), (2.0, 3)])
+def test_sampling_follows_temperature_and_top_k(temperature, top_k):
+    """20,000 one-token samples: the frequencies are softmax(logits / temperature) over the top_k logits."""
+    torch.manual_seed(0)
+    out = sample.generate(FixedLogits(), torch.zeros(20_000, 1, dtype=torch.long), 1, temperature, top_k)[:, -1]
+    freq = torch.bincount(out, minlength=4).float() / len(out)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    if temperature == 0:
+        expected = torch.tensor([1.0, 0, 0, 0])
+    else:
+        expected = torch.cat([(logits[:top_k or 4] / temperature).softmax(0), torch.zeros(4 - (top_k or 4))])
+    assert torch.equal(freq == 0, expected == 0)  # nothing outside the top_k, ever
+    torch.testing.assert_close(freq, expected, rtol=0, atol=0.015)  # 4 standard errors at most
+
+
 def test_greedy_sampling_is_deterministic(prepared):
     out_dir = prepared / 'cpu_moe'
     if not (out_dir / 'best.pt').exists():
@@ -493,14 +123,59 @@ def test_greedy_sampling_is_deterministic(prepared):
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
+def test_sample_defaults_to_the_newest_finished_run(prepared, tmp_path):
+    """No --out_dir: the run in out/ with the newest done.json and a best.pt, named on stderr."""
+    if not all((prepared / cfg / 'done.json').exists() for cfg in ('cpu_moe', 'cpu_dense_active')):
+        pytest.skip('needs the end-to-end MoE and dense runs')
+    sample = (os.path.join(REPO, 'sample.py'), '--temperature=0', '--max_new_tokens=40', '--num_samples=1')
+    out_root = tmp_path / 'out'
+    (out_root / 'unfinished').mkdir(parents=True)  # decoys, made the newest below: no done.json, no best.pt
+    (out_root / 'no_best').mkdir()
+    (out_root / 'no_best' / 'done.json').write_text('{}')
+    shutil.copy(prepared / 'cpu_moe' / 'best.pt', out_root / 'unfinished')
+    out = run(*sample, cwd=tmp_path)
+    assert out.returncode != 0 and out.stdout == '' and out.stderr.count('\n') == 1
+    assert 'no finished run in out/' in out.stderr and 'make cpu' in out.stderr and '--out_dir' in out.stderr
+
+    for cfg in ('cpu_moe', 'cpu_dense_active'):
+        shutil.copytree(prepared / cfg, out_root / f'{cfg}-s1')
+    stories = {}
+    for newest, older in (('cpu_dense_active', 'cpu_moe'), ('cpu_moe', 'cpu_dense_active')):
+        for t, done in enumerate((f'{older}-s1/done.json', f'{newest}-s1/done.json', 'no_best/done.json')):
+            os.utime(out_root / done, (1e9 + t, 1e9 + t))
+        os.utime(out_root / 'unfinished' / 'best.pt', (2e9, 2e9))
+        out = run(*sample, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert (f'sample.py: sampling from out/{newest}-s1 (the most recently finished run in out/)\n'
+                in out.stderr)
+        stories[newest] = out.stdout
+    assert stories['cpu_moe'] != stories['cpu_dense_active']  # each default sampled its own checkpoint
+    out = run(*sample, f'--out_dir={out_root / "cpu_moe-s1"}', cwd=tmp_path)
+    assert out.stdout == stories['cpu_moe'] and 'sampling from' not in out.stderr
+
+
 def test_compiled_training_runs_and_matches_eager(prepared):
+    """One training step's loss (CE + aux) and every gradient, compiled against eager, on a model whose weights are
+    random and large (not at init scale, where the MoE's share of the output is about the tolerance)."""
     torch.manual_seed(0)
     c = config(ffn='moe')
     model = train.Transformer(c)
-    idx = torch.randint(0, 257, (2, 16))
-    eager = model(idx)[0]
-    compiled = torch.compile(model)(idx)[0]
-    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(0.5, 1.5) if 'norm' in name else p.normal_(0, 0.3)
+    idx, targets = torch.randint(0, 257, (2, 4, 16)).unbind(0)
+    steps = []
+    for m in (model, torch.compile(model)):
+        model.zero_grad()
+        _, ce, aux = m(idx, targets)
+        loss = train.training_loss(ce, aux, c)
+        loss.backward()
+        steps.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = steps
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
+    for name, grad in eager_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name)
     out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "compiled"}',
               *TINY, '--n_layer=1', '--max_iters=6', '--eval_interval=3', '--compile=True')
     assert out.returncode == 0, out.stderr
@@ -534,6 +209,29 @@ def test_grad_accumulation_equals_one_big_batch(prepared):
         for key in ('loss', 'ce', 'val_loss'):
             if key in one:
                 assert one[key] == pytest.approx(two[key], rel=1e-4)
+
+
+def test_moe_grad_accumulation_takes_aux_losses_per_micro_batch_and_logs_their_mean(prepared):
+    """grad_accum=2 on the MoE: step 0's logged loss, ce, lb and z are the means over its two micro-batches, each
+    with its own load-balancing loss (a batch statistic), computed here from the same init and windows."""
+    out_dir = prepared / 'moe_accum'
+    args = [f'--data_dir={prepared / "data"}', *TINY, '--max_iters=2', '--eval_interval=2', '--log_interval=1',
+            '--batch_size=4', '--grad_accum=2']
+    out = run('train.py', 'config/cpu_moe.py', f'--out_dir={out_dir}', *args)
+    assert out.returncode == 0, out.stderr
+    logged = next(json.loads(line) for line in open(out_dir / 'log.jsonl') if json.loads(line)['iter'] == 1)
+    c = train.configure(['config/cpu_moe.py', f'--out_dir={out_dir}', *args])
+    torch.manual_seed(c.seed)
+    model = train.Transformer(c)
+    x, y = train.get_batch(c, 0, torch.device('cpu'))
+    micro = []
+    for rows in (slice(0, 4), slice(4, 8)):
+        _, ce, aux = model(x[rows], y[rows])
+        micro.append([train.training_loss(ce, aux, c).item(), ce.item(), aux['lb'].item(), aux['z'].item()])
+    for i, key in enumerate(('loss', 'ce', 'lb', 'z')):
+        assert logged[key] == pytest.approx((micro[0][i] + micro[1][i]) / 2, rel=1e-5), key
+    _, _, whole = model(x, y)  # the load-balancing loss of all 8 windows at once is another number
+    assert abs(whole['lb'].item() - logged['lb']) > 1e-6
 
 
 def test_data_of_another_vocabulary_is_refused(prepared):

@@ -6,14 +6,14 @@ tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
     python train.py config/moe.py --seed=1 --resume=True    # continue an interrupted run exactly
     torchrun --standalone --nproc_per_node=4 train.py config/moe.py --grad_accum=4 --batch_size=32  # DDP
 
-Read top to bottom: config -> model -> parameter accounting -> data -> training loop.
-The three paper configs share every setting below and differ only in the feed-forward block.
+Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The three paper configs
+share every setting below and differ only in the feed-forward block. Config parsing lives in configurator.py.
 """
-import ast
-import difflib
+import datetime
 import json
 import math
 import os
+import pickle
 import platform
 import sys
 import time
@@ -26,18 +26,18 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+import configurator
+from configurator import die
+
 # ----------------------------------------------------------------------------- config
-# Defaults: the paper-scale recipe (GPT-2 BPE, for one GPU). Config files, executed in order, and then
-# --key=value overrides replace them. Every run resolves to one config, saved as out_dir/config.json.
-# I/O
+# Defaults: the paper-scale recipe (GPT-2 BPE, one GPU); config files, then --key=value overrides replace them.
 out_dir = ''              # '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
 config_name = ''          # '' -> file name of the last config file ('default' without one)
 data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
 seed = 1                  # seeds init and the training-data order
 data_seed = 0             # 0 -> seed; another value changes the data order alone (seed-noise studies)
 print_params = False      # print the parameter table (and one JSON line) and exit, touching no data
-# model: LLaMA-style decoder. d_model 160 x 4 layers is what fits the paper's 14.77M active / 21.06M total
-# with a 50257-token tied embedding (8.04M of it), counted once.
+# model: LLaMA-style. 160 x 4 layers fits the paper's 14.77M active / 21.06M total beside an 8.04M tied embedding
 vocab_size = 50257        # >= the tokenizer's vocabulary (meta.json); GPT-2 BPE
 block_size = 512          # context; TinyStories stories are ~200 GPT-2 tokens, so a window holds 2-3
 n_layer = 4
@@ -57,8 +57,7 @@ aux_loss_coef = 0.01      # Switch load-balancing loss weight (0 turns it off)
 z_loss_coef = 0.001       # router z-loss weight (0 turns it off)
 match = ''                # dense only: 'active' | 'total' = size ffn_hidden to the MoE's active/total params
 match_tol = 0.01          # largest allowed relative param mismatch of a matched dense model
-# optimisation: 426.3M tokens in 6,505 steps of 64Ki tokens. Small models like large learning rates;
-# many steps matter more than big batches for MoE routers, which learn from every update.
+# optimisation: 426.3M tokens in 6,505 steps of 64Ki; many steps matter more than big batches for MoE routers
 batch_size = 128          # sequences per micro-batch
 grad_accum = 1            # micro-batches per optimizer step
 max_tokens = 426_300_000  # token budget; iterations = max_tokens // tokens per step
@@ -84,93 +83,16 @@ CONFIG_KEYS = [k for k, v in globals().items()
                if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))]
 
 
-def die(msg):
-    """A user-fixable problem: one clear line, non-zero exit, nothing written."""
-    print(f'{os.path.basename(sys.argv[0]) or "train.py"}: error: {msg}', file=sys.stderr)
-    sys.exit(1)
-
-
 def configure(argv):
-    """nanoGPT's configurator, made strict: config files (python, executed in order), then --key=value
-    overrides (literal_eval, else a plain string). Unknown keys and wrong types are errors, so a typo never
-    silently falls back to a default."""
-    cfg = {k: globals()[k] for k in CONFIG_KEYS}
-
-    def set_key(key, value, where):
-        if key not in cfg:
-            close = difflib.get_close_matches(key, CONFIG_KEYS, n=3, cutoff=0.5)
-            die(f'unknown config key {key!r} in {where}' + (f'; did you mean {", ".join(close)}?' if close else ''))
-        default = globals()[key]
-        if isinstance(default, float) and type(value) is int:
-            value = float(value)  # an int where a float is expected is fine
-        ok = (value is None or type(value) is bool) if default is None else type(value) is type(default)
-        if not ok:
-            want = 'True, False or None' if default is None else type(default).__name__
-            die(f'{key} must be {want}, got {value!r} ({type(value).__name__}) in {where}')
-        cfg[key] = value
-
-    files = [a for a in argv if not a.startswith('--')]
-    for path in files:
-        if not os.path.isfile(path):
-            die(f'config file {path!r} not found (configs live in config/, e.g. config/cpu_moe.py)')
-        namespace = {}
-        try:
-            exec(open(path).read(), namespace)
-        except Exception as e:  # a config file is user code: report its error as one line
-            die(f'config file {path} failed: {type(e).__name__}: {e}')
-        for key, value in namespace.items():
-            if not key.startswith('_') and not isinstance(value, types.ModuleType):
-                set_key(key, value, path)
-    for arg in argv:
-        if arg.startswith('--'):
-            key, eq, text = arg[2:].partition('=')
-            if not eq:
-                die(f'override {arg!r} must look like --key=value')
-            try:
-                value = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                value = text  # --device=cuda is the string 'cuda'
-            set_key(key, value, 'the command line')
-
-    c = types.SimpleNamespace(**cfg)
-    c.config_name = c.config_name or (os.path.splitext(os.path.basename(files[-1]))[0] if files else 'default')
-    run_name = f'{c.config_name}-s{c.seed}' + (f'-d{c.data_seed}' if c.data_seed else '')
-    c.out_dir = c.out_dir or os.path.join('out', run_name)
-    for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
-        if getattr(c, key) not in allowed:
-            die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
-    for key in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_multiple_of', 'n_experts',
-                'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens', 'log_interval',
-                'ckpt_interval'):
-        if getattr(c, key) <= 0:
-            die(f'{key} must be positive, got {getattr(c, key)}')
-    for key in ('seed', 'data_seed'):  # numpy's generator takes no negative seeds
-        if getattr(c, key) < 0:
-            die(f'{key} must be >= 0, got {getattr(c, key)}')
-    if c.device != 'auto':
-        try:
-            torch.device(c.device)
-        except RuntimeError:
-            die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
-        if c.device.startswith('cuda') and not torch.cuda.is_available():
-            die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
-    if c.ckpt_interval % c.log_interval:  # a resumed run then starts on a log line, and its log lines match
-        die(f'ckpt_interval ({c.ckpt_interval}) must be a multiple of log_interval ({c.log_interval})')
-    if c.match and (c.ffn != 'dense' or c.ffn_hidden):
-        die("match = 'active' | 'total' sizes a dense FFN: use it with ffn = 'dense' and without ffn_hidden")
-    if c.d_model % c.n_head or (c.d_model // c.n_head) % 2:
-        die(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even size (RoPE rotates pairs)')
-    if not 1 <= c.top_k <= c.n_experts:
-        die(f'top_k must be between 1 and n_experts ({c.n_experts}), got {c.top_k}')
+    """The defaults above, then config files and --key=value overrides (configurator.py), checked."""
+    c = configurator.configure({k: globals()[k] for k in CONFIG_KEYS}, argv)
+    configurator.check(c)
     if c.ffn == 'dense' and c.match:
         c.ffn_hidden = solve_ffn_hidden(c)
-    if c.ffn == 'dense' and c.ffn_hidden <= 0:
-        die("a dense config needs ffn_hidden > 0 or match = 'active' | 'total'")
     return c
 
 
-# The MoE's expert loop (where grouped_mm is not used) needs the tokens per expert as Python ints. Under
-# torch.compile they are traced as symbolic sizes: the model stays one graph, compiled once, whatever the routing.
+# The expert loop needs the tokens per expert as ints: compiled, they become symbolic sizes (one graph, any routing)
 torch._dynamo.config.capture_scalar_outputs = True
 
 
@@ -182,8 +104,7 @@ def linear(d_in, d_out, std):
 
 
 def rope_cache(head_dim, length, theta):
-    """cos/sin tables in Hugging Face Llama's rotate-half layout: dimension i pairs with i + head_dim/2,
-    so an export to transformers is a rename of weights, not a permutation."""
+    """cos/sin in Llama's rotate-half layout (dimension i pairs with i + head_dim/2): export is a rename, no permute."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.outer(torch.arange(length).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # (length, head_dim)
@@ -212,7 +133,6 @@ class Attention(nn.Module):
 
 class SwiGLU(nn.Module):
     """The dense FFN: down(silu(gate(x)) * up(x)), as in LLaMA."""
-
     def __init__(self, d_model, hidden, resid_std):
         super().__init__()
         self.gate = linear(d_model, hidden, 0.02)
@@ -224,16 +144,14 @@ class SwiGLU(nn.Module):
 
 
 class MoE(nn.Module):
-    """Mixtral-style routed SwiGLU experts, dropless: every token is processed by each of its top_k experts.
-    Returns (y, aux): aux holds this layer's load-balancing loss, z-loss and routing statistics, so nothing
-    is smuggled through global state."""
+    """Mixtral-style routed SwiGLU experts, dropless: every token goes to each of its top_k experts.
+    Returns (y, aux): aux holds this layer's load-balancing loss, z-loss and routing statistics."""
 
     def __init__(self, c, resid_std):
         super().__init__()
         self.n_experts, self.top_k = c.n_experts, c.top_k
         E, d, h = c.n_experts, c.d_model, c.moe_hidden
         self.router = linear(d, E, 0.02)
-        # each expert's SwiGLU weights, stacked along a leading expert dimension: expert e uses gate[e] etc.
         self.gate = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.up = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.down = nn.Parameter(torch.randn(E, h, d) * resid_std)
@@ -245,45 +163,30 @@ class MoE(nn.Module):
         y, counts = self.dispatch(x, weights, experts)
 
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
-        with torch.no_grad():  # routing health for the logs: a few reductions over (E, N), no host sync
+        with torch.no_grad():  # routing health for the logs, packed in one row: no host sync, one op to average
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()  # nats, at most ln(E)
-            # packed in one row, so that averaging over layers and eval batches is one tensor op
             routing = torch.cat([load, entropy.view(1), log_z.mean().view(1)])  # [load_0..load_E-1, entropy, log_z]
-        aux = {
-            'lb': E * (load * probs.mean(dim=1)).sum(),  # Switch: 1.0 when balanced, E when collapsed
-            'z': log_z.square().mean(),
-            'routing': routing,
-        }
-        return y.view(shape), aux
+        return y.view(shape), {'lb': E * (load * probs.mean(dim=1)).sum(),  # Switch: 1 when balanced, E collapsed
+                               'z': log_z.square().mean(), 'routing': routing}
 
     def route(self, x):
-        """The router on x (N, d): -> probs (E, N), the softmax over experts; log_z (N,), its log-normaliser; and
-        the N*k assignments' gate weights and experts, slot-major: assignment a is token a % N."""
+        """x (N, d) -> probs (E, N), log_z (N,), the N*k assignments' gate weights and experts (a: token a % N)."""
         k = self.top_k
-        # Routing in fp32 even under bf16 autocast: softmax and logsumexp are precision-sensitive. The logits
-        # are laid out (E, N), experts first, so that every reduction over experts runs along contiguous
-        # rows of N tokens: on a CPU that is 10x faster than reducing N rows of E=4 values each.
+        # fp32 even under autocast; (E, N), experts first: reductions over experts run along rows (10x faster on CPU)
         with torch.autocast(x.device.type, enabled=False):
             logits = self.router.weight.float() @ x.float().t()  # (E, N)
         log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
         probs = (logits - log_z).exp()  # the softmax over experts
         weights, experts = probs.topk(k, dim=0)  # (k, N): each token's k experts and their gate weights
-        if k > 1:  # Mixtral renormalises its top-k weights to sum to 1. At top-1 that would make every weight
-            # exactly 1 and cut the router off from the LM loss, so top-1 keeps the raw probability (Switch).
+        if k > 1:  # Mixtral renormalises; at top-1 that gives weight 1 and no router gradient: keep it (Switch)
             weights = weights / weights.sum(dim=0)
         return probs, log_z, weights.flatten(), experts.flatten()
 
     def dispatch(self, x, weights, experts):
-        """Run each expert on its tokens only. The N*k assignments (slot-major: assignment a is token a % N)
-        are grouped by expert, keeping their order within an expert, so that expert e reads one contiguous
-        slice of rows; its outputs are put back in assignment order and each token sums its k outputs,
-        gate-weighted. Returns the output and the number of assignments per expert."""
+        """Each expert on its own contiguous slice of the assignments, grouped by expert; then back to assignment
+        order, each token summing its k outputs, gate-weighted. -> (y, assignments per expert)"""
         N, E, k = x.shape[0], self.n_experts, self.top_k
-        # A counting sort: mark each assignment in its expert's row of an (E, N*k) grid; a running count over
-        # the grid, row after row, then gives every marked assignment its place in the grouped order (1-based),
-        # and each row's last count is where that expert's slice ends: a few passes over E*N*k small integers,
-        # fine for a handful of experts. (And no bincount, whose output shape depends on the data: a
-        # torch.compile graph break.)
+        # = experts.argsort(stable=True), without a sort (compile-friendly): running counts over an (E, N*k) grid
         place = (experts == torch.arange(E, device=x.device)[:, None]).flatten().cumsum(0).view(E, -1)
         rank = place.gather(0, experts[None]).squeeze(0) - 1  # assignment -> grouped row
         order = torch.empty_like(rank).scatter_(0, rank, torch.arange(len(rank), device=x.device))  # row -> assignment
@@ -297,23 +200,20 @@ class MoE(nn.Module):
         """Each expert's SwiGLU on its slice of xs (grouped by expert, counts[e] rows for expert e)."""
         if torch.is_autocast_enabled(xs.device.type):  # autocast does not cover grouped_mm: cast as it would
             xs = xs.to(torch.get_autocast_dtype(xs.device.type))
-        if grouped_mm_ok(xs, self.gate.shape[-1]):  # one kernel per matrix for all experts, the slice ends stay on the GPU
+        if grouped_mm_ok(xs, self.gate.shape[-1]):  # one kernel per matrix for all experts, no host sync
             ends = counts.cumsum(0).to(torch.int32)
             gate, up, down = (w.to(xs.dtype) for w in (self.gate, self.up, self.down))
             h = F.silu(F.grouped_mm(xs, gate, offs=ends)) * F.grouped_mm(xs, up, offs=ends)
             return F.grouped_mm(h, down, offs=ends)
-        # elsewhere a loop over the experts; counts.tolist() waits for the routing, which costs nothing on a CPU
-        # (unbind, not self.gate[e]: indexing's gradient is a zero-filled (E, d, h) tensor per expert, unbind's one stack)
+        # else a loop (tolist() waits for the routing); unbind: self.gate[e]'s gradient is a zeroed (E, d, h) each
         gate, up, down = self.gate.unbind(0), self.up.unbind(0), self.down.unbind(0)
         return torch.cat([(F.silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
                           for e, xe in enumerate(xs.split(counts.tolist()))])
 
 
 class GatherRows(torch.autograd.Function):
-    """x[perm % len(x)], that is x.repeat(copies, 1)[perm] without building the repeat, for a permutation perm
-    of range(copies * len(x)): copies = k sends each token to its k experts, copies = 1 undoes a permutation.
-    Autograd's gradient for a gather is a scatter-add (atomic adds in a compiled CPU kernel); this one is a
-    gather by the inverse permutation, then each row's copies summed."""
+    """x.repeat(copies, 1)[perm] without the repeat (copies = k: each token to its k experts; 1: undo a permutation),
+    whose gradient is a gather by the inverse permutation, not a scatter-add (atomic adds in compiled CPU code)."""
 
     @staticmethod
     def forward(ctx, x, rows, inverse):  # rows = perm % len(x); inverse: perm's inverse
@@ -334,10 +234,8 @@ gather_rows = GatherRows.apply
 
 
 def grouped_mm_ok(x, hidden):
-    """F.grouped_mm (torch >= 2.8) wants bf16 on a CUDA GPU (compute capability 8.0 or newer, as bf16 training
-    does) and rows aligned to 16 bytes: d_model and the expert width multiples of 8."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm')
-            and x.shape[-1] % 8 == 0 and hidden % 8 == 0)
+    """F.grouped_mm (torch >= 2.8) wants bf16 on a CUDA GPU and rows aligned to 16 bytes (widths % 8 == 0)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and x.shape[-1] % 8 == hidden % 8 == 0
 
 
 class Block(nn.Module):
@@ -372,9 +270,8 @@ class Transformer(nn.Module):
         self.register_buffer('sin', sin, persistent=False)
 
     def forward(self, idx, targets=None):
-        """Returns (logits or None, ce or None, aux). With targets, logits are not returned (saves memory).
-        aux ({} if dense) has the MoE layers' mean 'lb' and 'z', their per-layer dicts under 'layers', and
-        'routing': one row per layer, [load_0 .. load_E-1, router_entropy, log_z], for routing_stats()."""
+        """-> (logits, None, aux) without targets, (None, ce, aux) with them. aux ({} if dense): the MoE layers'
+        mean 'lb' and 'z', their dicts under 'layers', and 'routing' (a row per layer) for routing_stats()."""
         T = idx.shape[1]
         x = self.embed(idx)
         layers = []
@@ -382,34 +279,13 @@ class Transformer(nn.Module):
             x, aux = block(x, self.cos[:T], self.sin[:T])
             if aux is not None:
                 layers.append(aux)
-        aux = {}
-        if layers:
-            aux = {'lb': torch.stack([a['lb'] for a in layers]).mean(),
-                   'z': torch.stack([a['z'] for a in layers]).mean(), 'layers': layers,
-                   'routing': torch.stack([a['routing'] for a in layers])}
+        aux = {'lb': torch.stack([a['lb'] for a in layers]).mean(), 'z': torch.stack([a['z'] for a in layers]).mean(),
+               'layers': layers, 'routing': torch.stack([a['routing'] for a in layers])} if layers else {}
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None, aux
         ce = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
         return None, ce, aux
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=None):
-        """Extend idx (1, T). temperature 0 is greedy. Stops early after emitting stop_id."""
-        for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.block_size:])[0][:, -1, :].float()
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k:
-                    kth = logits.topk(min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, -float('inf'))
-                nxt = torch.multinomial(logits.softmax(dim=-1), 1)
-            idx = torch.cat([idx, nxt], dim=1)
-            if stop_id is not None and nxt.item() == stop_id:
-                break
-        return idx
 
 
 def routing_stats(routing):
@@ -421,22 +297,17 @@ def routing_stats(routing):
                'log_z': row[-1].item()} for row in routing]
     mean = {key: sum(layer[key] for layer in layers) / len(layers)
             for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
-    return {'load': routing[:, :-2].mean(dim=0).tolist(), **mean,
-            'dropped_frac': 0.0,  # dropless routing: no token is ever dropped (logged so a reader sees it)
-            'layers': layers}
+    return {'load': routing[:, :-2].mean(dim=0).tolist(), **mean, 'dropped_frac': 0.0, 'layers': layers}  # dropless
 
 
 def training_loss(ce, aux, c):
     """CE plus the routers' auxiliary losses (mean over MoE layers). Validation reports CE alone."""
-    if not aux:
-        return ce
-    return ce + c.aux_loss_coef * aux['lb'] + c.z_loss_coef * aux['z']
+    return ce + c.aux_loss_coef * aux['lb'] + c.z_loss_coef * aux['z'] if aux else ce
 
 
 # ----------------------------------------------------------------------------- parameter accounting
 def count_params(c):
-    """Exact parameter counts from the config alone (a test holds them against model.parameters()).
-    active = total minus the experts a token does not use."""
+    """Exact counts from the config alone; active = total minus the experts a token does not use."""
     d, L, V = c.d_model, c.n_layer, c.vocab_size
     n = {'embedding': V * d, 'lm_head': 0 if c.tie_embeddings else V * d,
          'attention': L * 4 * d * d, 'norms': (2 * L + 1) * d}
@@ -452,8 +323,7 @@ def count_params(c):
 
 
 def solve_ffn_hidden(c):
-    """Dense FFN width (a multiple of ffn_multiple_of) whose total params are closest to the MoE's
-    active or total params. Total params are linear in the width, so rounding is exact."""
+    """The dense width (a multiple of ffn_multiple_of) whose params are closest to the MoE's active or total ones."""
     target = count_params(types.SimpleNamespace(**{**vars(c), 'ffn': 'moe'}))[c.match]
     base = count_params(types.SimpleNamespace(**{**vars(c), 'ffn': 'dense', 'ffn_hidden': 0}))['total']
     per_unit, m = 3 * c.d_model * c.n_layer, c.ffn_multiple_of
@@ -467,10 +337,8 @@ def solve_ffn_hidden(c):
 
 def print_param_table(c):
     n = count_params(c)
-    if c.ffn == 'moe':
-        what = f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
-    else:
-        what = f'dense: ffn_hidden {c.ffn_hidden}' + (f' (matched to the MoE {c.match} params)' if c.match else '')
+    what = (f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}' if c.ffn == 'moe' else
+            f'dense: ffn_hidden {c.ffn_hidden}' + (f' (matched to the MoE {c.match} params)' if c.match else ''))
     print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, vocab {c.vocab_size} | {what}')
     for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
         print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
@@ -485,45 +353,41 @@ def print_param_table(c):
 # ----------------------------------------------------------------------------- data
 def load_data(c):
     """Check the prepared dataset against the config; return its meta and the fixed validation windows."""
-    prep = f'python prepare.py --out_dir {c.data_dir}'
-    for name in ('train.bin', 'val.bin', 'meta.json'):
-        if not os.path.isfile(os.path.join(c.data_dir, name)):
-            die(f'{os.path.join(c.data_dir, name)} not found; prepare the data first: {prep} '
-                '(or --input FILE --tokenizer bytes for a local TinyStories text file)')
+    path = {name: os.path.join(c.data_dir, name) for name in ('train.bin', 'val.bin', 'meta.json')}
+    prepare = f'python prepare.py --out_dir {c.data_dir}'
+    if not all(map(os.path.isfile, path.values())):
+        die(f'{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data first: {prepare} '
+            '(or --input FILE --tokenizer bytes for a local TinyStories text file)')
     try:
-        meta = json.load(open(os.path.join(c.data_dir, 'meta.json')))
-        counts = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}
-        data_vocab = meta['vocab_size']
+        meta = json.load(open(path['meta.json']))
+        counts, data_vocab = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}, meta['vocab_size']
     except (ValueError, KeyError, TypeError) as e:
-        die(f'{c.data_dir}/meta.json is corrupt ({e!r}); rerun {prep} --force')
+        die(f'{path["meta.json"]} is corrupt ({e!r}); rerun {prepare} --force')
     if data_vocab != c.vocab_size:
         die(f'the data in {c.data_dir} has vocab_size {data_vocab} ({meta.get("tokenizer")} tokenizer) but the '
             f'config says {c.vocab_size}: use a config made for this data (cpu_* for bytes) or set vocab_size')
-    for split, expected in counts.items():
-        size = os.path.getsize(os.path.join(c.data_dir, f'{split}.bin'))
-        if size != 2 * expected:
-            die(f'{c.data_dir}/{split}.bin has {size} bytes but meta.json says {expected} uint16 tokens '
-                f'({2 * expected} bytes): truncated or corrupt; rerun {prep} --force')
-        if expected < c.block_size + 1:
-            die(f'{split} split has {expected} tokens, fewer than block_size + 1 = {c.block_size + 1}')
-    for split in ('train', 'val'):  # an out-of-vocab id would crash (or, on CUDA, assert) mid-run
-        top = int(np.memmap(os.path.join(c.data_dir, f'{split}.bin'), dtype=np.uint16, mode='r').max())
-        if top >= c.vocab_size:
-            die(f'{split}.bin holds token id {top} >= vocab_size {c.vocab_size}: the data does not match '
-                f'its meta.json; rerun {prep} --force')
-    val = np.memmap(os.path.join(c.data_dir, 'val.bin'), dtype=np.uint16, mode='r')
+    for split, n in counts.items():  # the first problem of each split, if any, in one message
+        size = os.path.getsize(path[f'{split}.bin'])
+        top = int(np.memmap(path[f'{split}.bin'], dtype=np.uint16, mode='r').max()) if size == 2 * n else 0
+        problem = (f'has {size} bytes but meta.json says {n} uint16 tokens: truncated or corrupt' if size != 2 * n else
+                   f'holds token id {top} >= vocab_size {c.vocab_size}: it does not match its meta.json'
+                   if top >= c.vocab_size else None)  # an out-of-vocab id would crash (on CUDA: assert) mid-run
+        if problem:
+            die(f'{path[f"{split}.bin"]} {problem}; rerun {prepare} --force')
+        if n < c.block_size + 1:
+            die(f'{split} split has {n} tokens, fewer than block_size + 1 = {c.block_size + 1}')
+    val = np.memmap(path['val.bin'], dtype=np.uint16, mode='r')
     # the fixed validation set: evenly spaced windows over the whole split, the same for every config and seed
     n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
     starts = np.linspace(0, len(val) - c.block_size - 1, n).round().astype(np.int64)
-    val_windows = torch.from_numpy(np.stack([val[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
-    return meta, val_windows
+    return meta, torch.from_numpy(np.stack([val[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
 
 
 def get_batch(c, step, device):
-    """All windows of one optimizer step. They depend only on (data seed, step): any run with the same data seed
-    sees the same data in the same order, and a resumed run needs nothing but the step number."""
-    data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')  # fresh memmap per
-    # batch: a long-lived one grows resident memory (nanoGPT's workaround)
+    """All windows of one optimizer step, from (data seed, step) alone: the same data order for every config of a
+    seed, and a resumed run needs nothing but the step number."""
+    # a fresh memmap per batch: a long-lived one grows resident memory (nanoGPT's workaround)
+    data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')
     rng = np.random.default_rng([c.data_seed or c.seed, step])
     starts = rng.integers(0, len(data) - c.block_size, size=c.batch_size * c.grad_accum)
     windows = torch.from_numpy(np.stack([data[s:s + c.block_size + 1] for s in starts]).astype(np.int64))
@@ -533,27 +397,32 @@ def get_batch(c, step, device):
 
 
 @torch.no_grad()
-def evaluate(model, val_windows, c, device, autocast):
-    """Mean CE over the fixed validation windows, and (MoE) routing statistics over all of them."""
+def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
+    """Mean CE over the fixed validation windows, and (MoE) routing statistics over all of them. Under DDP each
+    process takes every world-th batch and the sums are all-reduced: no process waits for another's evaluation."""
     model.eval()
-    total, routing = 0.0, 0
-    for batch in val_windows.split(c.batch_size):
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    routing = torch.zeros(c.n_layer, c.n_experts + 2, device=device)  # rows as in aux['routing']
+    for batch in val_windows.split(c.batch_size)[rank::world]:
         batch = batch.to(device)
         with autocast:
             _, ce, aux = model(batch[:, :-1], batch[:, 1:])
-        total += ce.item() * len(batch)
+        total += ce.double() * len(batch)
         if aux:  # every window has block_size tokens: weighting by windows weights by tokens
-            routing = routing + aux['routing'] * len(batch)
+            routing += aux['routing'] * len(batch)
+    for t in (total, routing) if world > 1 else ():
+        dist.all_reduce(t)
     model.train()
-    return total / len(val_windows), routing_stats(routing / len(val_windows)) if c.ffn == 'moe' else {}
+    return total.item() / len(val_windows), routing_stats(routing / len(val_windows)) if c.ffn == 'moe' else {}
 
 
-def save_checkpoint(path, state):
-    """Atomic: write a temp file, fsync, rename. A kill or an error mid-write leaves the previous file intact."""
+def save(path, obj):
+    """torch.save (json for a .json path) to a temp file, fsync, rename: a kill or an error mid-write leaves the
+    previous file intact."""
     tmp = path + '.tmp'
     try:
         with open(tmp, 'wb') as f:
-            torch.save(state, f)
+            f.write(json.dumps(obj, indent=2).encode()) if path.endswith('.json') else torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -562,10 +431,20 @@ def save_checkpoint(path, state):
             os.remove(tmp)
 
 
+def load_checkpoint(path):
+    """Tensors and plain containers only (weights_only): opening a checkpoint someone shared cannot run code."""
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        if 'global' in str(e):  # it names a class or function to import and call: how a pickle runs code
+            die(f'{path} is not a plain checkpoint: refusing to unpickle arbitrary objects')
+        raise  # damaged: the caller says what to do
+
+
 def load_resume_checkpoint(path, c):
     """latest.pt of an interrupted run, checked against this run's config."""
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        ckpt = load_checkpoint(path)
         saved = ckpt['config']
     except Exception as e:
         die(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
@@ -580,8 +459,7 @@ def load_resume_checkpoint(path, c):
 
 # ----------------------------------------------------------------------------- training
 def setup_device(c):
-    """-> (device, whether to compile, autocast context): bf16 autocast and compile on GPU; plain fp32 and
-    eager on CPU, where bf16 is slow and the models are small (config keys device and compile override)."""
+    """-> (device, compile?, autocast): bf16 and compiled on GPU; fp32, eager on CPU (bf16 is slow there)."""
     device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
                           'cpu' if c.device == 'auto' else c.device)
     if device.type == 'cuda' and 'LOCAL_RANK' in os.environ:  # torchrun: one GPU per process
@@ -597,6 +475,31 @@ def cpu_name():
     model = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
                  '') if os.path.exists('/proc/cpuinfo') else ''
     return f'{model or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})'
+
+
+def lr_at(it, c, iters):
+    """Linear warmup to learning_rate, then cosine decay to min_lr at the last iteration."""
+    warmup = max(1, round(c.warmup_frac * iters))
+    if it < warmup:
+        return c.learning_rate * (it + 1) / warmup
+    progress = (it - warmup) / max(1, iters - 1 - warmup)
+    return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
+
+
+def open_log(log_path, start):
+    """log.jsonl for appending, cut back on resume to the lines before iter `start` (a torn last line is dropped)."""
+    keep = ''
+    for line in open(log_path) if start is not None and os.path.exists(log_path) else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r['iter'] < start or (r['iter'] == start and 'val_loss' not in r):
+            keep += json.dumps(r) + '\n'
+    with open(log_path + '.tmp', 'w') as f:
+        f.write(keep)
+    os.replace(log_path + '.tmp', log_path)
+    return open(log_path, 'a', buffering=1)  # line-buffered: each record is on disk once written
 
 
 def main(argv):
@@ -625,9 +528,8 @@ def main(argv):
     params = count_params(c)
     assert params['total'] == sum(p.numel() for p in model.parameters()), 'parameter accounting is off'
     decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices; not norm gains
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': c.weight_decay},
-                                   {'params': no_decay, 'weight_decay': 0.0}],
+                                   {'params': [p for p in model.parameters() if p.dim() < 2], 'weight_decay': 0.0}],
                                   lr=c.learning_rate, betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
     step_model = torch.compile(model) if use_compile else model
     train_model = torch.nn.parallel.DistributedDataParallel(step_model) if ddp else step_model
@@ -636,83 +538,55 @@ def main(argv):
     iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps to see at least max_tokens
     if iters <= 0:
         die('nothing to train: set max_tokens or max_iters > 0')
-    warmup = max(1, round(c.warmup_frac * iters))
-
-    def lr_at(it):  # linear warmup, then cosine decay to min_lr at the last iteration
-        if it < warmup:
-            return c.learning_rate * (it + 1) / warmup
-        progress = (it - warmup) / max(1, iters - 1 - warmup)
-        return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
-
     start, best_val = 0, float('inf')
     if ckpt:  # everything a step depends on: weights, optimizer moments, step number (-> data, lr), RNG
         model.load_state_dict(ckpt['model'])
         optimizer.load_state_dict(ckpt['optimizer'])
         start, best_val = ckpt['iter'], ckpt['best_val']
         torch.set_rng_state(ckpt['rng']['torch'])
-        if device.type == 'cuda' and ckpt['rng']['cuda'] is not None:
+        if ckpt['rng']['cuda'] is not None and device.type == 'cuda':
             torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
     if master:
         os.makedirs(c.out_dir, exist_ok=True)
-        # lines after the checkpoint come again from the resumed run; so does the evaluation at its step
-        records = []  # a line cut short by the kill, or a missing log, must not stop the resume
-        for line in open(log_path) if ckpt and os.path.exists(log_path) else []:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                pass
-        with open(log_path + '.tmp', 'w') as f:
-            f.writelines(json.dumps(r) + '\n' for r in records
-                         if r['iter'] < start or (r['iter'] == start and 'val_loss' not in r))
-        os.replace(log_path + '.tmp', log_path)
-        log_file = open(log_path, 'a')
-        with open(os.path.join(c.out_dir, 'config.json'), 'w') as f:
-            json.dump({**vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
-                       'device_used': device.type, 'compile_used': use_compile, 'world_size': world,
-                       'cpu': cpu_name(), 'torch': torch.__version__}, f, indent=2)  # a log reproduces on its CPU kind
+        log_file = open_log(log_path, start if ckpt else None)
+        save(os.path.join(c.out_dir, 'config.json'), {
+            **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter, 'device_used': device.type,
+            'compile_used': use_compile, 'world_size': world, 'cpu': cpu_name(), 'torch': torch.__version__})
+        how = f'{device.type}{" compiled" * use_compile}{f" x {world} processes" * ddp} -> {c.out_dir}'
         print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M active), '
-              f'{iters} iters x {tokens_per_iter} tokens, {device.type}{" compiled" if use_compile else ""}'
-              f'{f" x {world} processes" if ddp else ""} -> {c.out_dir}' + (f', resumed at iter {start}' if ckpt else
-                                                                            ', nothing to resume: from iter 0' if c.resume else ''))
-
-    def log(record):
-        log_file.write(json.dumps(record) + '\n')
-        log_file.flush()
-
-    last_saved = start if ckpt else None  # the iter of latest.pt
+              f'{iters} iters x {tokens_per_iter} tokens, {how}'
+              + (f', resumed at iter {start}' if ckpt else ', nothing to resume' * c.resume))
 
     def checkpoint(name, it):
-        save_checkpoint(os.path.join(c.out_dir, name), {
+        save(os.path.join(c.out_dir, name), {
             'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': vars(c), 'meta': meta,
             'iter': it, 'tokens': it * tokens_per_iter, 'best_val': best_val,
             'rng': {'torch': torch.get_rng_state(),
                     'cuda': torch.cuda.get_rng_state(device) if device.type == 'cuda' else None}})
 
-    def mean_over_processes(t):  # each process logs what it saw; the log shows the mean over all of them
-        if ddp:
-            dist.all_reduce(t)
-            t = t / world
-        return t
-
+    last_saved = start if ckpt else None  # the iter of latest.pt
     sums, n_sums = 0, 0  # running (loss, ce[, lb, z]) since the last log line, summed on the device
     first_bad = torch.tensor(iters, device=device)  # first step with a non-finite loss (iters: none), no sync
-    t_last, tokens_last = time.time(), start * tokens_per_iter
+    t_start = t_last = time.time()
+    tokens_last = start * tokens_per_iter
     my_micro = range(rank, c.grad_accum, world)  # this process's share of every step's micro-batches
     for it in range(start, iters + 1):
-        if master and (it % c.eval_interval == 0 or it == iters):
-            val_loss, routing = evaluate(step_model, val_windows, c, device, autocast)
-            improved = val_loss < best_val
-            best_val = min(best_val, val_loss)
-            log({'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss, 'best_val': best_val, **routing})
-            print(f'eval {it:>6} | val {val_loss:.4f} | best {best_val:.4f} | {it * tokens_per_iter / 1e6:.2f}M tokens' +
-                  (f' | busiest {routing["busiest_frac"]:.3f} | entropy {routing["router_entropy"]:.3f}' if routing else ''))
-            if improved:
+        if it % c.eval_interval == 0 or it == iters:  # every process evaluates its share of the windows
+            t_eval = time.time()
+            val_loss, routing = evaluate(step_model, val_windows, c, device, autocast, rank, world)
+            improved, best_val = val_loss < best_val, min(best_val, val_loss)
+            if master:
+                log_file.write(json.dumps({'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss,
+                                           'best_val': best_val, **routing}) + '\n')
+                print(f'eval {it}/{iters} | val {val_loss:.4f} | best {best_val:.4f}' +
+                      ''.join(f' | {key} {routing[key]:.3f}' for key in ('busiest_frac', 'router_entropy') if routing))
+            if master and improved:
                 checkpoint('best.pt', it)
-            t_last = time.time()  # throughput excludes evaluation
+            t_last += time.time() - t_eval  # throughput excludes evaluation
         if it == iters:
             break
 
-        lr = lr_at(it)
+        lr = lr_at(it, c, iters)
         for group in optimizer.param_groups:
             group['lr'] = lr
         x, y = get_batch(c, it, device)  # the whole step's windows, the same in every process
@@ -740,39 +614,36 @@ def main(argv):
                 have = 'none yet' if last_saved is None else f'{latest_path} (iter {last_saved}), and best.pt'
                 die(f'the loss is not finite (nan or inf) at iter {first_bad.item() + 1}; stopped before saving '
                     f'anything from it. Last good checkpoint: {have}. Try a lower learning_rate')
-            means = dict(zip(('loss', 'ce', 'lb', 'z'), (mean_over_processes(sums) / n_sums).tolist()))
-            routing = routing_stats(mean_over_processes(aux['routing'])) if aux else {}  # last micro-batch
-            tokens = done * tokens_per_iter
-            tok_per_s = (tokens - tokens_last) / (time.time() - t_last)
+            stats = [sums / n_sums] + ([aux['routing']] if aux else [])  # routing: of the last micro-batch
+            for t in stats if ddp else []:  # each process logs what it saw; the log shows the mean over all
+                dist.all_reduce(t)
+                t /= world
+            means = dict(zip(('loss', 'ce', 'lb', 'z'), stats[0].tolist()))
+            routing = routing_stats(stats[1]) if aux else {}
+            now, tokens = time.time(), done * tokens_per_iter
+            tok_per_s = (tokens - tokens_last) / (now - t_last)
             if master:
-                log({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s, **routing})
-                print(f'iter {done:>6} | ' + ' | '.join(f'{k} {v:.4f}' for k, v in means.items()) +
-                      (f' | busiest {routing["busiest_frac"]:.3f}' if routing else '') +
-                      f' | lr {lr:.2e} | {tok_per_s / 1e3:.1f}k tok/s')
+                log_file.write(json.dumps({'iter': done, 'tokens': tokens, **means, 'lr': lr, 'tok_per_s': tok_per_s,
+                                           **routing}) + '\n')
+                eta = datetime.timedelta(seconds=round((now - t_start) / (done - start) * (iters - done)))
+                losses = ' | '.join(f'{k} {v:.4f}' for k, v in means.items())
+                busy = f' | busiest {routing["busiest_frac"]:.3f}' if routing else ''
+                print(f'iter {done}/{iters} ({done / iters:.0%}) | {losses}{busy} | lr {lr:.2e} | '
+                      f'{tok_per_s / 1e3:.1f}k tok/s | eta {eta}')
                 if done % c.ckpt_interval == 0 or done == iters:
                     checkpoint('latest.pt', done)
                     last_saved = done
             sums, n_sums = 0, 0
             t_last, tokens_last = time.time(), tokens
 
-    if ddp:  # DDP keeps the replicas equal; check it, cheaply, once
-        sums_of_params = torch.stack([p.detach().double().sum() for p in model.parameters()])
-        every = [torch.zeros_like(sums_of_params) for _ in range(world)]
-        dist.all_gather(every, sums_of_params)
-        if master and not all(torch.equal(e, every[0]) for e in every):
-            die('the processes ended with different parameters (DDP replicas diverged)')
-        # Free DDP (its reducer holds the process group) before destroying the group. A gloo group destroyed
-        # from the reducer joins its worker threads while holding the GIL, and a worker still letting go of a
-        # finished collective's tensors needs the GIL: a hang at exit, seen under CPU load (pytorch#56297).
-        # destroy_process_group() frees the group without holding the GIL.
+    if ddp:  # free DDP's reducer first: a gloo group destroyed from it can hang at exit (pytorch#56297)
         del train_model
         dist.destroy_process_group()
     if master:
         log_file.close()
-        with open(os.path.join(c.out_dir, 'done.json'), 'w') as f:  # the finished-run marker (make skips it)
-            json.dump({'iters': iters, 'tokens': iters * tokens_per_iter, 'best_val': best_val}, f)
-        print(f'done: best val loss {best_val:.4f} ({c.out_dir})' + (f'; all {world} processes hold identical '
-                                                                        'parameters' if ddp else ''))
+        save(os.path.join(c.out_dir, 'done.json'),  # the finished-run marker (make skips the run)
+                  {'iters': iters, 'tokens': iters * tokens_per_iter, 'best_val': best_val})
+        print(f'done: best val loss {best_val:.4f} ({c.out_dir})')
 
 
 if __name__ == '__main__':

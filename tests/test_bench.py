@@ -8,7 +8,7 @@ import torch
 
 import bench
 import train
-from test_smoke import REPO, config, expert_output, reference_moe
+from conftest import REPO, config, expert_output, reference_moe
 
 
 def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
@@ -146,8 +146,7 @@ def test_grouped_mm_is_only_used_where_its_kernels_run():
 
 def test_gpu_check_default_settings_are_a_valid_config():
     """The default (paper-scale, 300 steps) arguments go through train.py's configurator without error."""
-    sys.path.insert(0, REPO + '/scripts')
-    import gpu_check
+    import gpu_check  # scripts/, on the path through conftest
     for tiny in (False, True):
         steps = 8 if tiny else 300
         c = train.configure(['config/moe.py'] + gpu_check.train_args(steps, tiny))

@@ -5,19 +5,20 @@ import shutil
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import prepare
+from conftest import REPO
 
-REPO = os.path.dirname(os.path.abspath(__file__))
 EOT = "<|endoftext|>"
 
 
-def make_stories(n):
+def make_stories(n, name="Story"):
     """n distinct stories with paragraphs, non-ASCII text and an inline (not own-line) EOT string."""
-    return [f"Story {i}: Tom met Lily. Café ✓ 🐉\n\nThey said \"{EOT}\" and played {i} times."
+    return [f"{name} {i}: Tom met Lily. Café ✓ 🐉\n\nThey said \"{EOT}\" and played {i} times."
             for i in range(n)]
 
 
@@ -113,13 +114,16 @@ def test_bytes_end_to_end(tmp_path, num_proc):
         "train_stories": 18, "val_stories": 2}
     assert inp in meta["source"]
     st = os.stat(inp)
-    assert meta["args"] == {"tokenizer": "bytes", "val_input": None, "val_fraction": 0.1,
+    assert meta["args"] == {"tokenizer": "bytes", "val_input": None, "val_fraction": 0.1, "hf_stories": None,
                             "input": {"path": inp, "size": st.st_size, "mtime": st.st_mtime}}
     assert f"train: {meta['train_tokens']:,} tokens, 18 stories" in res.stdout and "tokens/s" in res.stdout
 
 
-@pytest.mark.parametrize("n, frac, n_val", [(20, 0.05, 1), (20, 0.25, 5), (10, 0.01, 1), (3, 0.9, 2),
-                                            (2, 0.5, 1)])
+# (stories, --val_fraction, val stories): the same split for an --input file and for --hf_stories
+VAL_SPLITS = [(20, 0.05, 1), (20, 0.25, 5), (10, 0.01, 1), (3, 0.9, 2), (2, 0.5, 1), (5510, 0.05, 276)]
+
+
+@pytest.mark.parametrize("n, frac, n_val", VAL_SPLITS)
 def test_val_fraction_split(tmp_path, n, frac, n_val):
     stories = make_stories(n)
     inp = write_release(tmp_path / "in.txt", stories)
@@ -247,17 +251,137 @@ def test_out_dir_unwritable(tmp_path):
         out.chmod(0o700)
 
 
-def test_hf_unreachable_is_one_quick_clear_error(tmp_path):
+HUB_FIX = ("; connect to the internet, or use a local TinyStories file: --input FILE "
+           "(make: TINYSTORIES=FILE)")
+
+
+@pytest.mark.parametrize("route", [[], ["--hf_stories", "10"]], ids=["whole", "hf_stories"])
+def test_hf_unreachable_is_one_quick_clear_error(tmp_path, route):
     # offline mode makes datasets fail at once, the same way an unreachable hub does
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     out = tmp_path / "out"
     t0 = time.time()
-    res = run("--tokenizer", "bytes", "--out_dir", str(out), env=env, timeout=60)
+    res = run(*route, "--tokenizer", "bytes", "--out_dir", str(out), env=env, timeout=60)
     assert time.time() - t0 < 30
     line = assert_one_error_line(res)
     assert "could not load roneneldan/TinyStories from the Hugging Face hub (" in line
-    assert line.endswith("); with a local copy use --input FILE")
+    assert line.endswith(")" + HUB_FIX)
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- --hf_stories, on a fake hub
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Stands in for the hub: synthetic splits, streamed one row at a time; records what is asked and read."""
+    import datasets
+    import huggingface_hub
+    hub = SimpleNamespace(splits={"train": make_stories(6000, "Train"), "validation": make_stories(300, "Val")},
+                          calls=[], served={}, fail=None)
+
+    def stream(split):
+        for text in hub.splits[split]:
+            if hub.fail == "mid-stream" and hub.served.get(split) == 1:
+                raise ConnectionError("connection reset\nby peer")
+            hub.served[split] = hub.served.get(split, 0) + 1
+            yield {"text": text}
+
+    def load_dataset(path, split=None, streaming=False):
+        hub.calls.append((path, split, streaming))
+        if hub.fail == "load_dataset":
+            raise ConnectionError("Couldn't reach the hub\nsecond line")
+        return stream(split)
+
+    def dataset_info(repo_id, timeout=None):
+        if hub.fail == "dataset_info":
+            raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(huggingface_hub, "dataset_info", dataset_info)
+    return hub
+
+
+def hf_args(out, n, *more):
+    return ["--hf_stories", str(n), "--tokenizer", "bytes", "--out_dir", str(out), "--num_proc", "1", *more]
+
+
+def main_error(argv, capsys):
+    """prepare.main(argv) in-process -> its error line, checking it is the only output and exit code 1."""
+    with pytest.raises(SystemExit) as e:
+        prepare.main(argv)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("prepare.py: error: "), err
+    return err.strip()
+
+
+@pytest.mark.parametrize("n, frac, n_val", VAL_SPLITS)
+def test_hf_stories_take_the_head_of_each_split(tmp_path, fake_hub, n, frac, n_val):
+    out = tmp_path / "o"
+    prepare.main(hf_args(out, n, "--val_fraction", str(frac)))
+    assert fake_hub.calls == [("roneneldan/TinyStories", "train", True),
+                              ("roneneldan/TinyStories", "validation", True)]
+    assert fake_hub.served == {"train": n - n_val, "validation": n_val}  # read no further than needed
+    assert read_bin(out / "train.bin") == expected_bytes_tokens(make_stories(n - n_val, "Train"))
+    assert read_bin(out / "val.bin") == expected_bytes_tokens(make_stories(n_val, "Val"))
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["train_stories"], meta["val_stories"]) == (n - n_val, n_val)
+    assert meta["source"] == (f"huggingface:roneneldan/TinyStories (first {n - n_val} train stories, "
+                              f"first {n_val} validation stories)")
+    assert meta["args"] == {"tokenizer": "bytes", "input": None, "val_input": None, "hf_stories": n,
+                            "val_fraction": frac}
+
+
+def test_hf_stories_rerun_skips_and_another_n_redoes(tmp_path, fake_hub, capsys):
+    out = tmp_path / "o"
+    prepare.main(hf_args(out, 20))
+    old = 1_000_000_000 * 10**9  # set an old mtime, so any rewrite shows
+    os.utime(out / "train.bin", ns=(old, old))
+    fake_hub.calls.clear()
+    capsys.readouterr()
+
+    prepare.main(hf_args(out, 20))
+    assert fake_hub.calls == [] and os.stat(out / "train.bin").st_mtime_ns == old
+    assert capsys.readouterr().out == f"{out} is already prepared with these arguments (pass --force to redo)\n"
+
+    prepare.main(hf_args(out, 40))
+    assert len(fake_hub.calls) == 2 and os.stat(out / "train.bin").st_mtime_ns != old
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["train_stories"], meta["val_stories"], meta["args"]["hf_stories"]) == (38, 2, 40)
+    assert read_bin(out / "val.bin") == expected_bytes_tokens(make_stories(2, "Val"))
+
+
+@pytest.mark.parametrize("fail, reason", [
+    ("dataset_info", "OSError: [Errno -2] Name or service not known"),
+    ("load_dataset", "ConnectionError: Couldn't reach the hub"),
+    ("mid-stream", "ConnectionError: connection reset"),
+], ids=["dataset_info", "load_dataset", "mid-stream"])
+def test_hf_stories_hub_failure_is_one_line_and_writes_nothing(tmp_path, fake_hub, capsys, fail, reason):
+    fake_hub.fail = fail
+    out = tmp_path / "o"
+    assert main_error(hf_args(out, 20), capsys) == (
+        f"prepare.py: error: could not load roneneldan/TinyStories from the Hugging Face hub ({reason}){HUB_FIX}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_hf_stories_more_than_the_hub_has(tmp_path, fake_hub, capsys):
+    fake_hub.splits["validation"] = make_stories(3, "Val")
+    assert main_error(hf_args(tmp_path / "o", 20, "--val_fraction", "0.25"), capsys) == (
+        "prepare.py: error: --hf_stories 20 needs 15 train and 5 validation stories, roneneldan/TinyStories "
+        "gave 15 and 3; pass a smaller --hf_stories or --val_fraction")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("more, message", [
+    (["--input", "in.txt"], "--hf_stories takes the stories from the hub, --input from a file; pass only one"),
+    (["--hf_stories", "1"], "--hf_stories must be at least 2 (a train and a val story), got 1"),
+    (["--hf_stories", "0"], "--hf_stories must be at least 2 (a train and a val story), got 0"),
+], ids=["and_input", "n=1", "n=0"])
+def test_hf_stories_usage_errors(tmp_path, fake_hub, capsys, more, message):
+    write_release(tmp_path / "in.txt", make_stories(3))
+    more = [str(tmp_path / m) if m == "in.txt" else m for m in more]
+    assert main_error(hf_args(tmp_path / "o", 20, *more), capsys) == f"prepare.py: error: {message}"
+    assert fake_hub.calls == [] and os.listdir(tmp_path) == ["in.txt"]
 
 
 class _InterruptingBar:

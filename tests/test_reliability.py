@@ -5,17 +5,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 
 import train
-from test_smoke import REPO, TINY, config, prepared, run  # noqa: F401 (prepared is a fixture)
-
-sys.path.insert(0, os.path.join(REPO, 'scripts'))
-import same_log  # noqa: E402 (scripts/ is not a package)
+from conftest import REPO, TINY, config, run
+import same_log  # scripts/, on the path through conftest
 
 RESUMABLE = TINY + ['--ckpt_interval=10']
 
@@ -41,30 +38,34 @@ def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
     assert out.returncode == 1 and 'missing' in out.stderr and 'log.jsonl' in out.stderr
 
 
-def test_a_run_killed_anywhere_resumes_bit_for_bit(prepared):
-    """Run A straight through; run B is SIGKILLed as soon as it has a latest.pt, then resumed (twice). On CPU
-    every logged value after the resume equals run A's exactly: data order, LR schedule, optimizer state and
-    RNG are all restored."""
-    out = run(*train_args(prepared, prepared / 'straight'))
+KILL_AT = ('import os, signal, sys, train\n'
+           'at, real = int(sys.argv[1]), train.get_batch\n'  # SIGKILL itself as it reaches step `at`
+           'train.get_batch = lambda c, step, device: os.kill(os.getpid(), signal.SIGKILL) if step == at else '
+           'real(c, step, device)\n'
+           'train.main(sys.argv[2:])')
+
+
+def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(prepared):
+    """Run A straight through; run B is SIGKILLed at step 35 (after the checkpoint at 20 and the log line at 30,
+    which the resume must cut back), resumed, killed again at step 25 (before any new log line), and resumed to
+    the end. On CPU every logged value equals run A's exactly: data order, LR schedule, optimizer state and RNG
+    are all restored."""
+    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--ckpt_interval=20']
+    out = run('train.py', *args, f'--out_dir={prepared / "straight"}')
     assert out.returncode == 0, out.stderr
     b = prepared / 'killed'
-    for attempt in range(2):  # kill, resume, kill the resumed run too, resume again
-        cmd = train_args(prepared, b) + (['--resume=True'] if attempt else [])
-        proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        seen = torch.load(b / 'latest.pt', weights_only=False)['iter'] if attempt else 0
-        while proc.poll() is None:  # wait for a new latest.pt, then kill -9 at once
-            if (b / 'latest.pt').exists() and torch.load(b / 'latest.pt', weights_only=False)['iter'] > seen:
-                proc.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.002)
-        proc.wait()
-        assert proc.returncode == -signal.SIGKILL, 'the run ended before it could be killed'
-        assert not (b / 'done.json').exists()
-    out = run(*train_args(prepared, b), '--resume=True')
+    for attempt, at in enumerate((35, 25)):
+        cmd = [sys.executable, '-c', KILL_AT, str(at), *args, f'--out_dir={b}'] + ['--resume=True'] * attempt
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert train.load_checkpoint(str(b / 'latest.pt'))['iter'] == 20 and not (b / 'done.json').exists()
+        logged = [r['iter'] for r in same_log.read_log(b)]
+        assert logged[-1] == (30 if at == 35 else 20), logged  # the lines the resume has to cut back (or not)
+    out = run('train.py', *args, f'--out_dir={b}', '--resume=True')
     assert out.returncode == 0, out.stderr
-    assert 'resumed at iter' in out.stdout
+    assert 'resumed at iter 20' in out.stdout
     assert same_log.read_log(b) == same_log.read_log(prepared / 'straight')
-    final = [torch.load(d / 'latest.pt', weights_only=False)['model'] for d in (b, prepared / 'straight')]
+    final = [train.load_checkpoint(str(d / 'latest.pt'))['model'] for d in (b, prepared / 'straight')]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
 
@@ -102,7 +103,7 @@ def test_resume_with_nothing_to_resume_starts_from_zero(prepared):
 
 def test_a_failing_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / 'latest.pt')
-    train.save_checkpoint(path, {'iter': 1, 'w': torch.ones(3)})
+    train.save(path, {'iter': 1, 'w': torch.ones(3)})
     real_save = torch.save
 
     def save_half_then_fail(obj, f):  # the disk fills up (or the process dies) in the middle of the write
@@ -112,10 +113,10 @@ def test_a_failing_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monk
 
     monkeypatch.setattr(torch, 'save', save_half_then_fail)
     with pytest.raises(OSError):
-        train.save_checkpoint(path, {'iter': 2, 'w': torch.zeros(3)})
+        train.save(path, {'iter': 2, 'w': torch.zeros(3)})
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ['latest.pt']  # no temp file left behind
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = torch.load(path, weights_only=True)
     assert ckpt['iter'] == 1 and torch.equal(ckpt['w'], torch.ones(3))
 
 
@@ -135,17 +136,17 @@ def test_a_nan_loss_stops_the_run_naming_the_iteration(prepared, monkeypatch, ca
     assert stop.value.code != 0
     err = capsys.readouterr().err
     assert 'not finite' in err and 'iter 16' in err and 'iter 10' in err
-    ckpt = torch.load(out_dir / 'latest.pt', weights_only=False)
+    ckpt = torch.load(out_dir / 'latest.pt', weights_only=True)
     assert ckpt['iter'] == 10 and all(v.isfinite().all() for v in ckpt['model'].values())
     assert not (out_dir / 'done.json').exists()
     assert max(json.loads(line)['iter'] for line in open(out_dir / 'log.jsonl')) == 10
 
 
 def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
-    """torchrun, 2 CPU processes (gloo) with 2 micro-batches per step (one each) against 1 process doing both:
-    the same windows, the same losses within fp32 tolerance, and identical parameters in both processes."""
+    """torchrun, 2 CPU processes (gloo), 4 micro-batches per step (two each: the no_sync() branch runs) against
+    1 process doing all four: the same windows, the same losses and the same final weights and AdamW moments."""
     common = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=6', '--log_interval=2',
-              '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4', '--grad_accum=2']
+              '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4', '--grad_accum=4']
     one = run('train.py', *common, f'--out_dir={prepared / "ddp1"}')
     assert one.returncode == 0, one.stderr
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
@@ -153,12 +154,18 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
                           'train.py', *common, f'--out_dir={prepared / "ddp2"}'],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert 'all 2 processes hold identical parameters' in two.stdout
     logs = [same_log.read_log(prepared / d) for d in ('ddp1', 'ddp2')]
     assert [r['iter'] for r in logs[0]] == [r['iter'] for r in logs[1]]
     for a, b in zip(*logs):  # (a training line's routing statistics are of its last micro-batch(es): not compared)
         for key in ('val_loss', 'busiest_frac', 'router_entropy') if 'val_loss' in a else ('loss', 'ce', 'lb', 'z'):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a['iter'], key)
+    ckpts = [torch.load(prepared / d / 'latest.pt', weights_only=True) for d in ('ddp1', 'ddp2')]
+    assert ckpts[0]['iter'] == ckpts[1]['iter'] == 6
+    for name, w in ckpts[0]['model'].items():
+        torch.testing.assert_close(ckpts[1]['model'][name], w, rtol=1e-4, atol=1e-6, msg=name)
+    for i, state in ckpts[0]['optimizer']['state'].items():
+        for key in ('exp_avg', 'exp_avg_sq'):
+            torch.testing.assert_close(ckpts[1]['optimizer']['state'][i][key], state[key], rtol=1e-3, atol=1e-9)
     assert json.load(open(prepared / 'ddp2' / 'config.json'))['world_size'] == 2
 
 
@@ -211,9 +218,59 @@ def test_sample_refuses_a_checkpoint_whose_weights_do_not_fit_its_config(prepare
     out_dir = prepared / 'straight'
     if not (out_dir / 'done.json').exists():
         assert run(*train_args(prepared, out_dir)).returncode == 0
-    ckpt = torch.load(out_dir / 'best.pt', weights_only=False)
+    ckpt = torch.load(out_dir / 'best.pt', weights_only=True)
     ckpt['config']['d_model'] = 64  # e.g. a checkpoint edited, or made by another version of the code
     torch.save(ckpt, tmp_path / 'best.pt')
     out = run('sample.py', f'--out_dir={tmp_path}', '--max_new_tokens=5')
     assert out.returncode != 0 and 'not a usable tinymoe checkpoint' in out.stderr
     assert out.stderr.count('\n') == 1
+
+
+# ----------------------------------------------------------------------------- checkpoints someone shared
+class OpensAFile:
+    """What a malicious pickle can do: unpickling calls open(path, 'w')."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, 'w')
+
+
+@pytest.fixture(scope='module')
+def tiny_run(prepared):
+    """A finished tiny cpu_moe run, with best.pt and latest.pt as train.py writes them."""
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "tiny"}',
+              *TINY, '--max_iters=10', '--ckpt_interval=10')
+    assert out.returncode == 0, out.stderr
+    return prepared / 'tiny'
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_by_every_entry_point(prepared, tiny_run, tmp_path):
+    run_dir, planted = tmp_path / 'shared-run', tmp_path / 'planted.txt'
+    shutil.copytree(tiny_run, run_dir)  # a real run, then its checkpoints swapped for booby-trapped ones
+    for name in ('best.pt', 'latest.pt'):
+        ckpt = torch.load(run_dir / name, weights_only=True)
+        torch.save({**ckpt, 'meta': {**ckpt['meta'], 'note': OpensAFile(str(planted))}}, run_dir / name)
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    for args in (['sample.py', f'--out_dir={run_dir}'],
+                 ['export_hf.py', '--out_dir', str(run_dir), '--to', str(tmp_path / 'hf')],
+                 ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={run_dir}', *TINY,
+                  '--max_iters=10', '--ckpt_interval=10', '--resume=True']):
+        out = run(*args)
+        assert out.returncode != 0 and out.stderr.count('\n') == 1, (args[0], out.stderr)
+        assert out.stderr.endswith('is not a plain checkpoint: refusing to unpickle arbitrary objects\n'), out.stderr
+        assert not planted.exists(), args[0]
+        assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before and not (tmp_path / 'hf').exists()
+    torch.load(run_dir / 'best.pt', weights_only=False)  # the control: the unsafe loader does run the pickle's code
+    assert planted.exists()
+
+
+def test_checkpoints_written_by_train_load_with_the_safe_loader(tiny_run):
+    """Everything a checkpoint holds (weights, AdamW state, config, meta, RNG) is plain data for weights_only."""
+    for name in ('best.pt', 'latest.pt'):
+        ckpt = train.load_checkpoint(str(tiny_run / name))
+        assert set(ckpt) == {'model', 'optimizer', 'config', 'meta', 'iter', 'tokens', 'best_val', 'rng'}
+        assert ckpt['rng']['torch'].dtype == torch.uint8 and ckpt['optimizer']['state']
+        assert ckpt['config']['ffn'] == 'moe'
+    assert train.load_checkpoint(str(tiny_run / 'latest.pt'))['iter'] == 10

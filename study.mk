@@ -1,0 +1,74 @@
+# The CPU study (results/cpu/README.md), included by the Makefile. `OMP_NUM_THREADS=1 make -j2 study` runs two
+# trainings at a time (about 1.8x the throughput of one on 2 cores). Every report is made from the logs kept in
+# results/cpu/runs/, so it can be remade from the committed logs alone.
+#
+# make study: the three configs x 10 seeds, the ablations x 3 seeds, and a scan of tokens per parameter (the same
+# recipe and token budget at d_model 28, 64 and 96, experts 2 x d_model wide, and d_model 96 on a quarter of the
+# budget), the seed-noise runs (`make noise`), then the reports, the logs and two sample stories per config (seed 1).
+STUDY_SEEDS ?= 1 2 3 4 5 6 7 8 9 10
+ABLATION_SEEDS ?= 1 2 3
+SCAN_SEEDS ?= 1 2 3
+# a run at d_model 96 costs ~4x one at the preset's 44: one seed there
+SCAN_SEEDS_d96 ?= 1
+SCAN_WIDTHS ?= 28 64 96
+scan_seeds = $(or $(SCAN_SEEDS_d$1),$(SCAN_SEEDS))
+MAIN_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,$(foreach s,$(STUDY_SEEDS),out/$(c)-s$(s)/done.json))
+ABLATION_RUNS := $(foreach c,cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz,$(foreach s,$(ABLATION_SEEDS),out/$(c)-s$(s)/done.json))
+SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
+	$(foreach s,$(call scan_seeds,$(d)),out/scan_d$(d)_$(c)-s$(s)/done.json)))
+# and a point near 1 token per total parameter: d_model 96 on a quarter of the token budget (280 steps, not
+# 1,120: the budget is what is smaller here, so the schedule is shorter too)
+SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
+NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
+# the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
+kept = $(patsubst out/%/done.json,results/cpu/runs/%,$1)
+keep = for run in $(dir $1); do mkdir -p results/cpu/runs/$$(basename $$run) && \
+	cp $$run/log.jsonl $$run/config.json results/cpu/runs/$$(basename $$run)/; done
+study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
+	$(call keep,$(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) $(NOISE_RUNS))
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
+	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/$$c-s1 --num_samples 2 \
+		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
+$(sort $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS)): out/%/done.json: | data/tinystories_bytes/meta.json
+	$(TRAIN)
+# out/scan_d64_cpu_moe-s1/done.json -> the cpu_moe config at d_model 64, experts 128 wide, named scan_d64_cpu_moe
+scan_width = $(word 1,$(subst _, ,$1))
+scan_config = $(word 1,$(subst -s, ,$(patsubst $(call scan_width,$1)_%,%,$1)))
+$(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
+		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
+		$(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
+$(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
+		--moe_hidden=192 --max_tokens=1146880 --config_name=short_d96_$(word 1,$(subst -s, ,$*)) \
+		$(if $(wildcard out/short_d96_$*/log.jsonl),--resume=True)
+# where the seed noise comes from: runs that hold seed 1's init or data order (scripts/seed_noise.py)
+noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
+	$(PYTHON) scripts/seed_noise.py --out results/cpu/noise
+# out/noise_cpu_moe-i2-d1/done.json -> config/cpu_moe.py with init seed 2 and the data order of seed 1
+noise_part = $(word $2,$(subst -, ,$1))
+$(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call noise_part,$*,1).py --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
+		--data_seed=$(patsubst d%,%,$(call noise_part,$*,3)) --config_name=noise_$(call noise_part,$*,1) \
+		--out_dir=out/noise_$* $(if $(wildcard out/noise_$*/log.jsonl),--resume=True)
+
+
+# make study2: the main protocol at 10 seeds, and the token budget as separate runs at the fixed d_model 44 trio:
+# BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
+# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
+BUDGETS ?= 25 50 200
+BUDGET_SEEDS ?= 1 2 3 4 5
+RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
+BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
+	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
+study2: setup $(MAIN_RUNS) $(BUDGET_RUNS)
+	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS))
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
+# out/b25_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a quarter of the recipe's tokens, named b25_cpu_moe
+$(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) \
+		--max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) --config_name=b$(word 1,$(subst -s, ,$*)) \
+		$(if $(wildcard out/b$*/log.jsonl),--resume=True)

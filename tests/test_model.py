@@ -1,0 +1,384 @@
+"""The model and its config: the MoE against references, aux losses, RoPE, causality, parameter counts and the
+matcher, the configurator's errors, data windows."""
+import json
+import math
+import os
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from conftest import config, expert_output, reference_moe, run, write_stories
+
+
+@pytest.mark.parametrize('top_k', [1, 2])
+def test_moe_matches_per_token_reference(top_k):
+    torch.manual_seed(0)
+    moe = train.MoE(config(top_k=top_k), resid_std=0.02)
+    with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
+        for p in moe.parameters():
+            p.normal_()
+    x = torch.randn(3, 7, 16, requires_grad=True)
+    y, aux = moe(x)
+    assert y.shape == x.shape
+    y_ref = reference_moe(moe, x.view(-1, 16))
+    torch.testing.assert_close(y.view(-1, 16), y_ref, rtol=1e-4, atol=1e-4)
+    assert aux['routing'][:4].sum().item() == pytest.approx(1.0)  # the experts' loads
+    # and the gradients (through dispatch, experts, gate weights and router) equal the reference's
+    probe = torch.randn_like(y_ref)
+    inputs = [x] + list(moe.parameters())
+    grads = torch.autograd.grad((y.view(-1, 16) * probe).sum(), inputs)
+    grads_ref = torch.autograd.grad((y_ref * probe).sum(), inputs)
+    for grad, grad_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
+    """dispatch() on hand-made assignments where expert 2 gets no token and expert 1 gets every token's
+    second slot: outputs, counts and all gradients against one assignment at a time."""
+    torch.manual_seed(0)
+    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_()
+    N = 10
+    x = torch.randn(N, 16, requires_grad=True)
+    experts = torch.cat([torch.tensor([0, 3])[torch.randint(0, 2, (N,))], torch.ones(N, dtype=torch.long)])
+    weights = torch.rand(2 * N, requires_grad=True)
+    y, counts = moe.dispatch(x, weights, experts)
+    assert counts.tolist() == experts.bincount(minlength=4).tolist() and counts[2] == 0
+    y_ref = torch.zeros_like(x)
+    for a, i in enumerate(experts.tolist()):  # slot-major: assignment a is token a % N
+        y_ref = y_ref.index_add(0, torch.tensor([a % N]), (weights[a] * expert_output(moe, i, x[a % N]))[None])
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    probe = torch.randn_like(y)
+    inputs = [x, weights, moe.gate, moe.up, moe.down]  # (the router is not used by dispatch)
+    for grad, grad_ref in zip(torch.autograd.grad((y * probe).sum(), inputs),
+                              torch.autograd.grad((y_ref * probe).sum(), inputs)):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('copies', [1, 3])
+def test_gather_rows_equals_repeat_then_index(copies):
+    """gather_rows(x, perm % len(x), inverse) is x.repeat(copies, 1)[perm], gradient included."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, requires_grad=True)
+    perm = torch.randperm(5 * copies)
+    y = train.gather_rows(x, perm % 5, perm.argsort())
+    y_ref = x.repeat(copies, 1)[perm]
+    assert torch.equal(y, y_ref)
+    probe = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad((y * probe).sum(), x)[0],
+                               torch.autograd.grad((y_ref * probe).sum(), x)[0])
+
+
+def test_one_expert_top1_equals_dense_swiglu():
+    torch.manual_seed(0)
+    moe = train.MoE(config(n_experts=1, top_k=1), resid_std=0.02)
+    dense = train.SwiGLU(16, 24, resid_std=0.02)
+    with torch.no_grad():  # nn.Linear stores (out, in); the stacked experts store (in, out)
+        dense.gate.weight.copy_(moe.gate[0].T)
+        dense.up.weight.copy_(moe.up[0].T)
+        dense.down.weight.copy_(moe.down[0].T)
+    x = torch.randn(2, 5, 16)
+    y, aux = moe(x)
+    torch.testing.assert_close(y, dense(x))
+    assert aux['lb'].item() == pytest.approx(1.0)  # one expert is trivially "balanced"
+
+
+def routed_moe(n_tokens_per_expert, collapse):
+    """A 4-expert top-1 layer with d_model 4 and an identity router, fed one-hot tokens: either cycling
+    through the experts (perfect balance) or all pointing at expert 0 (total collapse)."""
+    moe = train.MoE(config(d_model=4, n_head=1, n_experts=4, top_k=1), resid_std=0.02)
+    with torch.no_grad():
+        moe.router.weight.copy_(torch.eye(4))
+    experts = torch.zeros(4 * n_tokens_per_expert, dtype=torch.long) if collapse else \
+        torch.arange(4).repeat(n_tokens_per_expert)
+    x = 200.0 * F.one_hot(experts, 4).float()  # logits 200 vs 0: probability 1 in fp32
+    return moe, x.unsqueeze(0)
+
+
+def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
+    moe, x = routed_moe(5, collapse=False)
+    _, aux = moe(x)
+    assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
+    moe, x = routed_moe(5, collapse=True)
+    _, aux = moe(x)
+    assert aux['lb'].item() == pytest.approx(4.0, abs=1e-6)
+
+
+def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
+    moe, x = routed_moe(5, collapse=False)  # one-hot tokens, each certain of its expert, cycling over all 4
+    stats = train.routing_stats(moe(x)[1]['routing'][None])  # one layer
+    assert stats['load'] == pytest.approx([0.25] * 4)
+    assert stats['busiest_frac'] == pytest.approx(0.25) and stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
+    assert stats['router_entropy'] == pytest.approx(0.0, abs=1e-6)  # every router is certain
+    assert stats['log_z'] == pytest.approx(200.0, abs=1e-4)  # logsumexp(200, 0, 0, 0)
+    assert stats['dropped_frac'] == 0.0 and len(stats['layers']) == 1
+    moe, x = routed_moe(5, collapse=True)
+    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    assert stats['load'] == pytest.approx([1.0, 0.0, 0.0, 0.0])
+    assert stats['busiest_frac'] == pytest.approx(1.0)
+    assert stats['usage_var'] == pytest.approx(0.1875)  # mean of (0.75^2, 0.25^2, 0.25^2, 0.25^2)
+    # a zero router is maximally unsure: uniform softmax, entropy ln 4, logsumexp(0, 0, 0, 0) = ln 4
+    moe.router.weight.data.zero_()
+    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    assert stats['router_entropy'] == pytest.approx(math.log(4)) and stats['log_z'] == pytest.approx(math.log(4))
+
+
+def test_routing_stats_average_over_layers():
+    rows = torch.tensor([[0.25, 0.25, 0.25, 0.25, 1.0, 2.0],
+                         [0.70, 0.10, 0.10, 0.10, 0.5, 4.0]])
+    stats = train.routing_stats(rows)
+    assert stats['load'] == pytest.approx([0.475, 0.175, 0.175, 0.175])
+    assert stats['busiest_frac'] == pytest.approx((0.25 + 0.70) / 2)
+    assert stats['usage_var'] == pytest.approx((0.0 + 0.0675) / 2)  # var of (0.7, 0.1, 0.1, 0.1) = 0.0675
+    assert stats['router_entropy'] == pytest.approx(0.75) and stats['log_z'] == pytest.approx(3.0)
+    assert [layer['busiest_frac'] for layer in stats['layers']] == pytest.approx([0.25, 0.70])
+
+
+def test_load_balancing_uses_the_full_softmax_not_the_top_k_weights():
+    # a zero router: every probability is 1/4; top-2 ties pick experts 0 and 1, so f = (1/2, 1/2, 0, 0).
+    # Over the full softmax, P = 1/4 each and lb = 4 * (1/2 * 1/4 * 2) = 1. nanoMoE takes P from the
+    # renormalised top-k weights, (1/2, 1/2, 0, 0), and would get 2.
+    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+    _, aux = moe(torch.randn(1, 10, 16))
+    assert aux['lb'].item() == pytest.approx(1.0, abs=1e-6)
+    # and for random routing, the same formula computed directly
+    torch.manual_seed(3)
+    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=1.0)
+    x = torch.randn(1, 50, 16)
+    _, aux = moe(x)
+    probs = (x[0] @ moe.router.weight.T).softmax(-1)
+    chosen = probs.topk(2, dim=-1).indices.flatten()
+    f = torch.bincount(chosen, minlength=4).float() / chosen.numel()
+    assert aux['lb'].item() == pytest.approx((4 * (f * probs.mean(0)).sum()).item(), rel=1e-6)
+
+
+def test_top1_router_learns_from_the_lm_loss():
+    # Renormalising a single weight would make it exactly 1 and leave the router without gradient.
+    torch.manual_seed(0)
+    moe = train.MoE(config(top_k=1), resid_std=0.02)
+    y, _ = moe(torch.randn(1, 20, 16))
+    y.square().sum().backward()
+    assert moe.router.weight.grad.abs().max().item() > 1e-6
+
+
+def test_z_loss_matches_its_formula():
+    torch.manual_seed(1)
+    moe = train.MoE(config(), resid_std=0.02)
+    x = torch.randn(2, 9, 16)
+    _, aux = moe(x)
+    logits = x.view(-1, 16) @ moe.router.weight.T
+    expected = (torch.log(torch.exp(logits).sum(-1)) ** 2).mean()
+    assert aux['z'].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_training_loss_combines_ce_and_mean_aux_over_layers():
+    torch.manual_seed(0)
+    c = config(n_layer=3, aux_loss_coef=0.5, z_loss_coef=0.25)
+    model = train.Transformer(c)
+    idx = torch.randint(0, 257, (2, 16))
+    _, ce, aux = model(idx, idx)
+    layers = aux['layers']
+    assert len(layers) == 3
+    lb = sum(a['lb'] for a in layers) / 3
+    z = sum(a['z'] for a in layers) / 3
+    assert train.training_loss(ce, aux, c).item() == pytest.approx((ce + 0.5 * lb + 0.25 * z).item(), rel=1e-6)
+    c_off = config(aux_loss_coef=0.0, z_loss_coef=0.0)
+    assert train.training_loss(ce, aux, c_off).item() == pytest.approx(ce.item())
+
+
+# ----------------------------------------------------------------------------- model
+def test_rope_rotate_half_is_a_rotation_with_relative_positions():
+    cos, sin = train.rope_cache(8, 32, 10000.0)
+    q, k = torch.randn(8), torch.randn(8)
+    rq = train.apply_rope(q.expand(32, 8), cos, sin)
+    rk = train.apply_rope(k.expand(32, 8), cos, sin)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(32))  # norm preserved
+    # the attention score depends only on the distance between positions
+    assert (rq[5] @ rk[2]).item() == pytest.approx((rq[20] @ rk[17]).item(), rel=1e-4)
+    # rotate-half layout (Hugging Face Llama's): dimension i pairs with i + head_dim/2 and turns at
+    # angle position * theta^(-2i/head_dim); e_i goes to cos * e_i + sin * e_(i+4)
+    for i in range(4):
+        x = torch.zeros(8)
+        x[i] = 1.0
+        angle = 3 * 10000.0 ** (-2 * i / 8)
+        expected = torch.zeros(8)
+        expected[i], expected[i + 4] = math.cos(angle), math.sin(angle)
+        torch.testing.assert_close(train.apply_rope(x.expand(32, 8), cos, sin)[3], expected)
+
+
+@pytest.mark.parametrize('ffn', ['dense', 'moe'])
+def test_model_is_causal(ffn):
+    torch.manual_seed(0)
+    model = train.Transformer(config(ffn=ffn, ffn_hidden=32))
+    idx = torch.randint(0, 257, (1, 16))
+    changed = idx.clone()
+    changed[0, 10:] = (changed[0, 10:] + 1) % 257
+    a, _, _ = model(idx)
+    b, _, _ = model(changed)
+    torch.testing.assert_close(a[0, :10], b[0, :10])
+    assert not torch.allclose(a[0, 10:], b[0, 10:])
+
+
+# ----------------------------------------------------------------------------- parameter accounting
+@pytest.mark.parametrize('ffn,tie', [('dense', True), ('dense', False), ('moe', True), ('moe', False)])
+def test_analytic_param_counts_equal_counted_ones(ffn, tie):
+    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2)
+    model = train.Transformer(c)
+    n = train.count_params(c)
+    assert n['total'] == sum(p.numel() for p in model.parameters())
+    assert n['embedding'] == model.embed.weight.numel()
+    assert n['attention'] == sum(p.numel() for name, p in model.named_parameters() if '.attn.' in name)
+    ffn_params = sum(p.numel() for name, p in model.named_parameters() if '.ffn.' in name and 'router' not in name)
+    assert n['ffn'] == ffn_params
+    if ffn == 'moe':
+        assert n['router'] == sum(model.blocks[i].ffn.router.weight.numel() for i in range(2))
+        assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of three experts unused per layer
+    else:
+        assert n['active'] == n['total']
+
+
+@pytest.mark.parametrize('match', ['active', 'total'])
+def test_matcher_lands_within_tolerance_and_refuses_beyond(match):
+    c = config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, ffn_multiple_of=8)
+    target = train.count_params(config(d_model=48, n_layer=4, moe_hidden=96))[match]
+    got = train.count_params(c)['total']
+    assert c.ffn_hidden % 8 == 0
+    assert abs(got - target) / target <= 0.01
+    # the closest multiple: one step either way is no closer
+    per_step = 3 * 48 * 4 * 8
+    assert abs(got - target) <= per_step / 2
+    with pytest.raises(SystemExit):  # a 1-in-a-million tolerance cannot be met with a step of 4,608 params
+        config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, match_tol=1e-6)
+
+
+def test_print_params_ends_with_one_json_line():
+    out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True', '--data_dir=/nonexistent')
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden'):
+        assert key in summary
+    assert summary['total'] == summary['active']
+    assert abs(summary['match_error']) <= 0.01
+
+
+# the README's table: (total, active, FFN hidden) of every shipped config, from --print_params
+SHIPPED = {'moe': (20_988_480, 14_721_600, 1632), 'dense_active': (14_719_040, 14_719_040, 3264),
+           'dense_total': (20_985_920, 20_985_920, 6528), 'cpu_moe': (229_240, 136_312, 88),
+           'cpu_dense_active': (135_608, 135_608, 176), 'cpu_dense_total': (228_536, 228_536, 352)}
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_shipped_configs_have_the_readme_counts(name):
+    c = train.configure([f'config/{name}.py'])
+    n = train.count_params(c)
+    assert (n['total'], n['active'], c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden) == SHIPPED[name]
+    if name == 'moe':  # the paper: 14.77M active, 21.06M total
+        assert abs(n['active'] / 14.77e6 - 1) <= 0.004 and abs(n['total'] / 21.06e6 - 1) <= 0.004
+
+
+def test_a_match_beyond_match_tol_names_the_closest_width_and_the_fix(capsys):
+    line = config_error(capsys, 'config/cpu_dense_total.py', '--match_tol=0.001')
+    assert line.split(': error: ', 1)[1] == ('no dense width matches the MoE total params (229,240) within match_tol=0.001: '
+                    'the closest, ffn_hidden=352, is off by -0.31%; change ffn_multiple_of or match_tol')
+
+
+# ----------------------------------------------------------------------------- configurator
+def config_error(capsys, *argv):
+    """configure() must stop with exit code != 0 and one line on stderr; returns that line."""
+    with pytest.raises(SystemExit) as e:
+        train.configure(list(argv))
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'error:' in err
+    return err
+
+
+def test_config_errors_are_one_clear_line(tmp_path, capsys):
+    err = config_error(capsys, 'config/cpu_moe.py', '--learning_rat=0.1')
+    assert "unknown config key 'learning_rat'" in err and 'learning_rate' in err
+    bad = tmp_path / 'bad.py'
+    bad.write_text('n_layers = 3\n')
+    err = config_error(capsys, str(bad))
+    assert "'n_layers'" in err and 'n_layer' in err and str(bad) in err
+    bad.write_text("learning_rate = '3e-4'\n")  # a string in a config file
+    assert 'learning_rate must be float' in config_error(capsys, str(bad))
+    assert 'n_layer must be int' in config_error(capsys, '--n_layer=2.5')
+    assert 'not found' in config_error(capsys, 'config/nope.py')
+    assert 'n_head must be positive' in config_error(capsys, '--n_head=0')
+    assert 'data_seed must be >= 0' in config_error(capsys, '--data_seed=-1')
+    assert 'must look like --key=value' in config_error(capsys, '--seed')
+    assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
+    assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs
+    assert 'device' in config_error(capsys, "--device='gpu'")
+    # and as a user sees it: exit code != 0, one line, no traceback
+    out = run('train.py', 'config/cpu_moe.py', '--n_layers=2')
+    assert out.returncode != 0 and out.stderr.count('\n') == 1 and 'Traceback' not in out.stderr
+
+
+def test_config_types_and_resolution():
+    c = config(learning_rate=1, compile=True, device='cpu')  # an int where a float is expected is fine
+    assert c.learning_rate == 1.0 and type(c.learning_rate) is float
+    assert c.compile is True and c.device == 'cpu'
+    c = train.configure(['config/cpu_dense_total.py', '--seed=3'])
+    assert c.config_name == 'cpu_dense_total' and c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
+    assert c.ffn == 'dense' and c.match == 'total' and c.ffn_hidden > 0
+    c = train.configure(['config/cpu_moe.py', '--seed=3', '--data_seed=2'])  # never seed 3's folder
+    assert c.out_dir == os.path.join('out', 'cpu_moe-s3-d2')
+    with pytest.raises(SystemExit):
+        config(compile='yes')
+
+
+# ----------------------------------------------------------------------------- data
+def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tmp_path):
+    data = tmp_path / 'data'
+    write_stories(tmp_path / 'stories.txt', 200)
+    assert run('prepare.py', '--input', str(tmp_path / 'stories.txt'), '--tokenizer', 'bytes',
+               '--out_dir', str(data)).returncode == 0
+    a = config(data_dir=str(data), seed=1, eval_tokens=1000)
+    b = config(data_dir=str(data), seed=2, eval_tokens=1000, ffn='dense', ffn_hidden=32)
+    _, val_a = train.load_data(a)
+    _, val_b = train.load_data(b)
+    assert torch.equal(val_a, val_b) and val_a.shape == (1000 // 16, 17)
+    cpu = torch.device('cpu')
+    x1, y1 = train.get_batch(a, 7, cpu)
+    x2, _ = train.get_batch(a, 7, cpu)
+    x3, _ = train.get_batch(b, 7, cpu)
+    assert torch.equal(x1, x2) and not torch.equal(x1, x3)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    # data_seed moves the data order alone: seed 2 with seed 1's data order sees seed 1's batches, and back
+    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=2, data_seed=1), 7, cpu)[0], x1)
+    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=1, data_seed=2), 7, cpu)[0], x3)
+
+
+# ----------------------------------------------------------------------------- learning rate, grouped_mm
+def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
+    c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02)
+    iters = 1120  # the CPU recipe: warmup round(22.4) = 22 steps
+    lrs = [train.lr_at(it, c, iters) for it in range(iters)]
+    assert lrs[0] == pytest.approx(3e-3 / 22) and lrs[10] == pytest.approx(3e-3 * 11 / 22)
+    # the peak at the last warmup step and again at the first cosine step (progress 0)
+    assert lrs[21] == lrs[22] == pytest.approx(3e-3) and max(lrs) == lrs[21]
+    assert lrs[-1] == pytest.approx(3e-4)  # min_lr at the last step
+    mid = 22 + (iters - 1 - 22) / 2  # half way through the cosine: the mean of peak and min_lr
+    assert train.lr_at(mid, c, iters) == pytest.approx((3e-3 + 3e-4) / 2)
+    assert all(a >= b for a, b in zip(lrs[22:], lrs[23:]))
+
+
+@pytest.mark.parametrize('cuda, dtype, width, hidden, has_op, ok', [
+    (True, torch.bfloat16, 16, 24, True, True), (False, torch.bfloat16, 16, 24, True, False),
+    (True, torch.float32, 16, 24, True, False), (True, torch.float16, 16, 24, True, False),
+    (True, torch.bfloat16, 12, 24, True, False), (True, torch.bfloat16, 16, 20, True, False),
+    (True, torch.bfloat16, 16, 24, False, False)])
+def test_grouped_mm_only_for_bf16_aligned_cuda_tensors_on_a_torch_that_has_it(cuda, dtype, width, hidden, has_op, ok,
+                                                                            monkeypatch):
+    if not has_op:
+        monkeypatch.delattr(F, 'grouped_mm', raising=False)
+    x = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(5, width))
+    assert train.grouped_mm_ok(x, hidden) is ok
