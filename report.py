@@ -25,7 +25,7 @@ ROLES = ('dense_active', 'moe', 'dense_total')
 PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012), 'dense_total': (1.5608, 0.0025)}
 PAPER_GAPS = {'active': 0.0758, 'total': 0.0180}
 ROUTING = ('busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac')
-NO_GAP = {'mean': None, 'std': None, 'n': 0, 'per_seed': {}}  # a gap whose two configs share no seed
+NO_GAP = {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0, 'per_seed': {}}  # configs sharing no seed
 
 
 def role_of(name):
@@ -87,9 +87,15 @@ def load_runs(paths, warn):
 
 
 def paired(a, b):
-    """Seed-paired differences a - b of best validation losses, over the seeds both configs have."""
+    """Seed-paired differences a - b of best validation losses, over the seeds both configs have: mean, sample std,
+    standard error of the mean (std / sqrt(n)), n, how many are > 0, and each seed's; None without a shared seed."""
     seeds = sorted(set(a) & set(b))
-    return {str(s): a[s]['best']['val_loss'] - b[s]['best']['val_loss'] for s in seeds}
+    per_seed = {str(s): a[s]['best']['val_loss'] - b[s]['best']['val_loss'] for s in seeds}
+    if not per_seed:
+        return None
+    mean, std = mean_std(list(per_seed.values()))
+    return {'mean': mean, 'std': std, 'se': std / math.sqrt(len(per_seed)), 'n': len(per_seed),
+            'positive': sum(v > 0 for v in per_seed.values()), 'per_seed': per_seed}
 
 
 def gap_vs_tokens(a, b):
@@ -137,11 +143,8 @@ def summarise(runs, warn):
         curves = {}
         for gap, (a, b) in (('active', ('dense_active', 'moe')), ('total', ('moe', 'dense_total'))):
             if a in roles and b in roles:
-                per_seed = paired(runs[roles[a]], runs[roles[b]])
-                if per_seed:
-                    mean, std = mean_std(list(per_seed.values()))
-                    fam['gaps'][gap] = {'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed}
-                else:
+                fam['gaps'][gap] = paired(runs[roles[a]], runs[roles[b]]) or NO_GAP
+                if not fam['gaps'][gap]['n']:
                     warn(f'{roles[a]} and {roles[b]} share no seed: no {gap} gap')
                 curves[gap] = gap_vs_tokens(runs[roles[a]], runs[roles[b]])
         tokens = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
@@ -169,12 +172,11 @@ def variants(runs, warn):
         base = max((b for b in bases if name.startswith(b + '_')), key=len, default=None)
         if base is None or role_of(name)[1]:
             continue
-        per_seed = paired(runs[name], runs[base])
-        if not per_seed:
+        delta = paired(runs[name], runs[base])
+        if not delta:
             warn(f'{name} and {base} share no seed: no paired difference')
             continue
-        mean, std = mean_std(list(per_seed.values()))
-        deltas[name] = {'base': base, 'mean': mean, 'std': std, 'n': len(per_seed), 'per_seed': per_seed}
+        deltas[name] = {'base': base, **delta}
     for key, by_config in curves.items():
         for name in sorted({d['base'] for d in deltas.values()}) + list(deltas):
             by_config[name] = curve_mean(runs[name], key)
@@ -223,15 +225,16 @@ def markdown(summary, runs, warnings, plots):
         title = family.rstrip('_') or 'paper scale'
         lines += ['', f'## Gaps: {title}', '',
                   'Seed-paired differences of best validation loss; positive = the first model is worse.', '',
-                  '| gap | mean ± std | seeds | per seed | paper |', '|---|---|---|---|---|']
+                  '| gap | mean ± std | standard error | seeds > 0 | per seed | paper |', '|---|---|---|---|---|---|']
         for gap, label in (('active', 'matched-active: dense_active - moe'), ('total', 'matched-total: moe - dense_total')):
             if fam['gaps'][gap]['n']:
                 g = fam['gaps'][gap]
                 per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
                 paper = f'{PAPER_GAPS[gap]:+.4f}' if not family else ''
-                lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {g["n"]} | {per_seed} | {paper} |')
+                lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {g["se"]:.4f} | {g["positive"]} of '
+                             f'{g["n"]} | {per_seed} | {paper} |')
             else:
-                lines.append(f'| {label} | missing | | | |')
+                lines.append(f'| {label} | missing | | | | |')
         curve = fam['gap_vs_tokens']
         shown = [g for g in ('active', 'total') if curve[g]]
         if curve['tokens'] and shown:
@@ -251,13 +254,13 @@ def markdown(summary, runs, warnings, plots):
     if summary['scan']:
         lines += ['', '## Gaps against tokens per parameter', '',
                   'One row per complete family, by training tokens per total MoE parameter. Seed-paired gaps, '
-                  'mean ± std (seeds): active gap > 0 = the MoE beats dense_active; total gap > 0 = dense_total '
-                  'beats the MoE.', '',
+                  'mean ± std [seeds > 0 of seeds]: active gap > 0 = the MoE beats dense_active; total gap > 0 = '
+                  'dense_total beats the MoE.', '',
                   '| family | d_model | MoE total / active | tokens | tokens per param | epochs | active gap | '
                   'total gap |', '|---|---|---|---|---|---|---|---|']
         for p in summary['scan']:
             gap = lambda g: ('missing' if not p[g]['n'] else f'{p[g]["mean"]:+.4f} (1 seed)' if p[g]['n'] == 1 else
-                             f'{p[g]["mean"]:+.4f} ± {p[g]["std"]:.4f} ({p[g]["n"]})')
+                             f'{p[g]["mean"]:+.4f} ± {p[g]["std"]:.4f} [{p[g]["positive"]} of {p[g]["n"]}]')
             epochs = '-' if p['epochs'] is None else f'{p["epochs"]:.2f}'
             lines.append(f'| {p["family"].rstrip("_") or "paper scale"} | {p["d_model"]} | {p["moe_total"]:,} / '
                          f'{p["moe_active"]:,} | {p["tokens"] / 1e6:.2f}M | {p["tokens_per_param"]:.1f} | {epochs} | '

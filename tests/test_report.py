@@ -66,6 +66,8 @@ def test_table_gaps_and_curves_are_exact(runs):
         assert g['per_seed'] == {str(s): pytest.approx(d) for s, d in zip((1, 2, 3), diffs)}
         assert g['mean'] == pytest.approx(statistics.mean(diffs))
         assert g['std'] == pytest.approx(statistics.stdev(diffs))
+        assert g['se'] == pytest.approx(statistics.stdev(diffs) / 3 ** 0.5)
+    assert r['gaps']['active']['positive'] == 3 and r['gaps']['total']['positive'] == 2  # -0.01 at seed 2
 
     # at 1000 and 2000 tokens the seed-paired differences are those of the bests
     assert r['gap_vs_tokens']['tokens'] == TOKENS
@@ -138,7 +140,7 @@ def test_missing_runs_are_reported_not_fatal(runs, capsys):
     (runs / 'out' / 'junk' / 'config.json').write_text('{"seed": 1}')  # no config_name
     report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
     r = json.loads((runs / 'rep' / 'report.json').read_text())
-    assert r['gaps']['total'] == {'mean': None, 'std': None, 'n': 0, 'per_seed': {}}
+    assert r['gaps']['total'] == {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0, 'per_seed': {}}
     assert r['gaps']['active']['n'] == 2  # seeds 1 and 2 are paired
     assert r['gap_vs_tokens']['total'] == [] and len(r['gap_vs_tokens']['active']) == 3
     text = capsys.readouterr().out
