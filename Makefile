@@ -19,7 +19,7 @@ PAPER_RUNS := $(call runs,moe dense_active dense_total)
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard out/$*/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench study study2 noise
+.PHONY: setup test cpu paper bench study study2 noise FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -33,7 +33,8 @@ cpu: setup $(CPU_RUNS)
 paper: setup $(PAPER_RUNS)
 	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
 
-data/tinystories_bytes/meta.json:
+# FORCE: prepare.py runs every time and redoes the data only when its source changed (TINYSTORIES set or unset)
+data/tinystories_bytes/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) --tokenizer bytes \
 		--out_dir data/tinystories_bytes
 data/tinystories/meta.json:

@@ -86,6 +86,8 @@ def check(c):
             die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
         if c.device.startswith('cuda') and not torch.cuda.is_available():
             die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+    if c.max_iters < 0 or not (c.max_iters or c.max_tokens > 0):
+        die('nothing to train: set max_tokens or max_iters > 0')
     if c.ckpt_interval % c.log_interval:  # a resumed run then starts on a log line, and its log lines match
         die(f'ckpt_interval ({c.ckpt_interval}) must be a multiple of log_interval ({c.log_interval})')
     if c.match and (c.ffn != 'dense' or c.ffn_hidden):

@@ -4,9 +4,9 @@
     python prepare.py --hf_stories 5510 --tokenizer bytes --out_dir data/tinystories_bytes
     python prepare.py --input stories.txt --tokenizer bytes --out_dir data/ts_bytes
 
---hf_stories N streams only what a local file of N stories would give (the CPU route's data, from the
-hub, without the 2 GB download): its train stories from the head of the hub's train split, its val
-stories from the head of the hub's validation split.
+--hf_stories N streams N stories, split as a local file of N stories would be (the CPU route's data, from
+the hub, without the 2 GB download): N - n_val train stories from the head of the hub's train split and
+n_val val stories from the head of its validation split (a local file gives its last n_val stories to val).
 
 Writes <out_dir>/train.bin and val.bin (np.uint16, every story followed by the EOT id) and
 meta.json (tokenizer, vocab_size, eot_id, counts, and the arguments that produced them).
@@ -170,8 +170,8 @@ def write_split(f, stories, args, desc):
 
 
 def load_hub(args):
-    """-> (train, val, source) from HF_DATASET: all of it, or with --hf_stories N what a local file of
-    N stories would give, from the head of each split."""
+    """-> (train, val, source) from HF_DATASET: all of it, or with --hf_stories N the split sizes a local file
+    of N stories would give, from the head of the hub's train and validation splits."""
     import datasets
     import huggingface_hub
     huggingface_hub.utils.logging.set_verbosity_error()  # its retry warnings would bury our one-line error

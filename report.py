@@ -94,7 +94,8 @@ def paired(a, b):
     if not per_seed:
         return None
     mean, std = mean_std(list(per_seed.values()))
-    return {'mean': mean, 'std': std, 'se': std / math.sqrt(len(per_seed)), 'n': len(per_seed),
+    n = len(per_seed)
+    return {'mean': mean, 'std': std, 'se': std / math.sqrt(n) if n > 1 else None, 'n': n,
             'positive': sum(v > 0 for v in per_seed.values()), 'per_seed': per_seed}
 
 
@@ -231,7 +232,8 @@ def markdown(summary, runs, warnings, plots):
                 g = fam['gaps'][gap]
                 per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
                 paper = f'{PAPER_GAPS[gap]:+.4f}' if not family else ''
-                lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {g["se"]:.4f} | {g["positive"]} of '
+                se = '-' if g['se'] is None else f'{g["se"]:.4f}'
+                lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {se} | {g["positive"]} of '
                              f'{g["n"]} | {per_seed} | {paper} |')
             else:
                 lines.append(f'| {label} | missing | | | | |')

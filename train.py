@@ -6,8 +6,8 @@ tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
     python train.py config/moe.py --seed=1 --resume=True    # continue an interrupted run exactly
     torchrun --standalone --nproc_per_node=4 train.py config/moe.py --grad_accum=4 --batch_size=32  # DDP
 
-Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The three paper configs
-share every setting below and differ only in the feed-forward block. Config parsing lives in configurator.py.
+Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The paper's three configs
+share the defaults below and differ only in the FFN; config files, then --key=value overrides, replace them.
 """
 import datetime
 import json
@@ -18,6 +18,7 @@ import platform
 import sys
 import time
 import types
+import warnings
 from contextlib import nullcontext
 
 import numpy as np
@@ -30,7 +31,6 @@ import configurator
 from configurator import die
 
 # ----------------------------------------------------------------------------- config
-# Defaults: the paper-scale recipe (GPT-2 BPE, one GPU); config files, then --key=value overrides replace them.
 out_dir = ''              # '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
 config_name = ''          # '' -> file name of the last config file ('default' without one)
 data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
@@ -354,28 +354,28 @@ def print_param_table(c):
 def load_data(c):
     """Check the prepared dataset against the config; return its meta and the fixed validation windows."""
     path = {name: os.path.join(c.data_dir, name) for name in ('train.bin', 'val.bin', 'meta.json')}
-    prepare = f'python prepare.py --out_dir {c.data_dir}'
+    prep = f'python prepare.py --out_dir {c.data_dir}' + ' --hf_stories 5510 --tokenizer bytes' * (c.vocab_size == 257)
     if not all(map(os.path.isfile, path.values())):
-        die(f'{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data first: {prepare} '
+        die(f'{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data first: {prep} '
             '(or --input FILE --tokenizer bytes for a local TinyStories text file)')
     try:
         meta = json.load(open(path['meta.json']))
         counts, data_vocab = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}, meta['vocab_size']
     except (ValueError, KeyError, TypeError) as e:
-        die(f'{path["meta.json"]} is corrupt ({e!r}); rerun {prepare} --force')
+        die(f'{path["meta.json"]} is corrupt ({e!r}); rerun {prep} --force')
     if data_vocab != c.vocab_size:
         die(f'the data in {c.data_dir} has vocab_size {data_vocab} ({meta.get("tokenizer")} tokenizer) but the '
             f'config says {c.vocab_size}: use a config made for this data (cpu_* for bytes) or set vocab_size')
     for split, n in counts.items():  # the first problem of each split, if any, in one message
+        if n < c.block_size + 1:
+            die(f'{split} split has {n} tokens, fewer than block_size + 1 = {c.block_size + 1}')
         size = os.path.getsize(path[f'{split}.bin'])
         top = int(np.memmap(path[f'{split}.bin'], dtype=np.uint16, mode='r').max()) if size == 2 * n else 0
         problem = (f'has {size} bytes but meta.json says {n} uint16 tokens: truncated or corrupt' if size != 2 * n else
                    f'holds token id {top} >= vocab_size {c.vocab_size}: it does not match its meta.json'
                    if top >= c.vocab_size else None)  # an out-of-vocab id would crash (on CUDA: assert) mid-run
         if problem:
-            die(f'{path[f"{split}.bin"]} {problem}; rerun {prepare} --force')
-        if n < c.block_size + 1:
-            die(f'{split} split has {n} tokens, fewer than block_size + 1 = {c.block_size + 1}')
+            die(f'{path[f"{split}.bin"]} {problem}; rerun {prep} --force')
     val = np.memmap(path['val.bin'], dtype=np.uint16, mode='r')
     # the fixed validation set: evenly spaced windows over the whole split, the same for every config and seed
     n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
@@ -434,11 +434,12 @@ def save(path, obj):
 def load_checkpoint(path):
     """Tensors and plain containers only (weights_only): opening a checkpoint someone shared cannot run code."""
     try:
-        return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-        if 'global' in str(e):  # it names a class or function to import and call: how a pickle runs code
-            die(f'{path} is not a plain checkpoint: refusing to unpickle arbitrary objects')
-        raise  # damaged: the caller says what to do
+        with warnings.catch_warnings():  # torch warns about some refused files: the one line below says it all
+            warnings.simplefilter('ignore')
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError:  # it names something to import and call (how a pickle runs code), or is damaged
+        die(f'{path} is not a plain checkpoint (damaged, or it holds more than tensors and plain data): refusing '
+            'to unpickle arbitrary objects')
 
 
 def load_resume_checkpoint(path, c):
@@ -471,10 +472,11 @@ def setup_device(c):
 
 
 def cpu_name():
-    """The CPU's model and vector ISA: bit-for-bit reruns need the same kind of CPU (its rounding differs)."""
-    model = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
-                 '') if os.path.exists('/proc/cpuinfo') else ''
-    return f'{model or platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})'
+    """CPU model, vector ISA, torch threads: a bit-for-bit rerun needs all three the same (they change the rounding)."""
+    info = open('/proc/cpuinfo').read() if os.path.exists('/proc/cpuinfo') else ''
+    model = next((line.split(':', 1)[1].strip() for line in info.splitlines() if line.startswith('model name')), '')
+    isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+    return f'{model or platform.machine()} ({isa}), {threads} threads'
 
 
 def lr_at(it, c, iters):
@@ -536,8 +538,6 @@ def main(argv):
 
     tokens_per_iter = c.batch_size * c.grad_accum * c.block_size  # global: over all processes
     iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps to see at least max_tokens
-    if iters <= 0:
-        die('nothing to train: set max_tokens or max_iters > 0')
     start, best_val = 0, float('inf')
     if ckpt:  # everything a step depends on: weights, optimizer moments, step number (-> data, lr), RNG
         model.load_state_dict(ckpt['model'])

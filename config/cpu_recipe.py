@@ -1,6 +1,6 @@
-# The CPU-scale recipe shared by every cpu_* config: bytes tokenizer, data prepared from a local TinyStories
-# file (prepare.py --input ../shared/data/tinystories_train_head.txt --tokenizer bytes), sized so one run
-# takes a few minutes on 2 CPU cores. The cpu_* configs import it and change only the feed-forward block.
+# The CPU-scale recipe shared by every cpu_* config: bytes tokenizer, 5,510 TinyStories stories (make cpu:
+# prepare.py --hf_stories 5510, or --input FILE for a local file), sized so one run takes a few minutes on
+# 2 CPU cores. The cpu_* configs import it and change only the feed-forward block.
 data_dir = 'data/tinystories_bytes'
 vocab_size = 257          # 256 byte values + EOT
 block_size = 256          # ~1/3 of a story in bytes

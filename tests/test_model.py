@@ -313,6 +313,8 @@ def test_config_errors_are_one_clear_line(tmp_path, capsys):
     assert 'not found' in config_error(capsys, 'config/nope.py')
     assert 'n_head must be positive' in config_error(capsys, '--n_head=0')
     assert 'data_seed must be >= 0' in config_error(capsys, '--data_seed=-1')
+    assert 'nothing to train' in config_error(capsys, '--max_tokens=0')
+    assert config_error(capsys, '--max_iters=-2') == config_error(capsys, '--max_tokens=0')
     assert 'must look like --key=value' in config_error(capsys, '--seed')
     assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
     assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs

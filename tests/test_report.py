@@ -182,3 +182,20 @@ def test_no_runs_is_one_clear_error(tmp_path, capsys):
                                            ('cpu_moe_top1', (None, None)), ('moe_noz', (None, None))])
 def test_roles_come_from_config_names(name, expected):
     assert report.role_of(name) == expected
+
+
+def test_plateau_table_shows_the_routers_steps_and_each_runs_exit(tmp_path, capsys):
+    import plateau  # scripts/, on the path through conftest
+    for name, ces in (('moe', [4.6, 3.0, 2.9, 2.4]), ('dense', [4.6, 2.4, 2.0, 1.9])):
+        (tmp_path / name).mkdir()
+        lines = [{'iter': 25 * (i + 1), 'ce': ce, **({'busiest_frac': 0.5 - 0.05 * i, 'router_entropy': 1.38,
+                                                    'log_z': 0.2 * i} if name == 'moe' else {})}
+                 for i, ce in enumerate(ces)] + [{'iter': 100, 'val_loss': 2.3, 'best_val': 2.3}]
+        (tmp_path / name / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+    plateau.main([str(tmp_path / 'moe'), str(tmp_path / 'dense'), '--until', '75', '--out', str(tmp_path / 'p.md')])
+    rows = (tmp_path / 'p.md').read_text().splitlines()
+    assert rows[0] == '| run | exit | value | 25 | 50 | 75 |'
+    assert rows[2:] == ['| moe | 100 | ce | 4.60 | 3.00 | 2.90 |', '| moe | 100 | busiest_frac | 0.50 | 0.45 | 0.40 |',
+                        '| moe | 100 | router_entropy | 1.38 | 1.38 | 1.38 |', '| moe | 100 | log_z | 0.00 | 0.20 | 0.40 |',
+                        '| dense | 50 | ce | 4.60 | 2.40 | 2.00 |']
+    assert capsys.readouterr().out.strip() == '\n'.join(rows)
