@@ -86,6 +86,10 @@ def check(c):
             die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
         if c.device.startswith('cuda') and not torch.cuda.is_available():
             die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+    world = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's processes
+    if c.grad_accum % world:
+        die(f'grad_accum ({c.grad_accum}) must be a multiple of the number of processes ({world}): '
+            'each process takes its share of the micro-batches of every step')
     if c.max_iters < 0 or not (c.max_iters or c.max_tokens > 0):
         die('nothing to train: set max_tokens or max_iters > 0')
     if c.ckpt_interval % c.log_interval:  # a resumed run then starts on a log line, and its log lines match
@@ -96,5 +100,10 @@ def check(c):
         die(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even size (RoPE rotates pairs)')
     if c.ffn == 'dense' and not c.match and c.ffn_hidden <= 0:
         die("a dense config needs ffn_hidden > 0 or match = 'active' | 'total'")
+    for key in ('bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult'):
+        if getattr(c, key) < 0:
+            die(f'{key} must be >= 0, got {getattr(c, key)}')
+    if c.ffn != 'moe' and c.bias_rate:  # (the other MoE keys size a matched dense model)
+        die('bias_rate balances MoE routers: use it with ffn = moe')
     if not 1 <= c.top_k <= c.n_experts:
         die(f'top_k must be between 1 and n_experts ({c.n_experts}), got {c.top_k}')

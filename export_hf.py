@@ -130,6 +130,9 @@ def export(out_dir, to, ckpt_name='best.pt'):
     if c['ffn'] == 'moe' and c['top_k'] < 2:
         die('top-1 MoE runs keep the raw gate probability, which Mixtral cannot express (it renormalises the '
             'top-k weights); only top_k >= 2 runs can be exported')
+    if c.get('shared_hidden') or c.get('bias_rate'):
+        die('Mixtral has no shared expert and no selection bias: only runs without shared_hidden and bias_rate '
+            'can be exported')
     if os.path.exists(to) and os.listdir(to):
         die(f'{to} exists and is not empty; choose another --to or remove it')
     tmp = to.rstrip('/') + '.tmp'

@@ -233,6 +233,36 @@ def already_prepared(out_dir, run_args):
         return False
 
 
+def check_prepared(out_dir, vocab_size, block_size):
+    """For train.py: the meta.json of the data in out_dir, after checking its files against a run's vocab_size and
+    block_size. Raises UserError naming the first problem and the fix."""
+    path = {name: os.path.join(out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
+    prep = f"python prepare.py --out_dir {out_dir}" + " --hf_stories 5510 --tokenizer bytes" * (vocab_size == 257)
+    if not all(map(os.path.isfile, path.values())):
+        raise UserError(f"{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data "
+                        f"first: {prep} (or --input FILE --tokenizer bytes for a local TinyStories text file)")
+    try:
+        meta = json.load(open(path["meta.json"]))
+        counts, data_vocab = {split: meta[f"{split}_tokens"] for split in ("train", "val")}, meta["vocab_size"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path['meta.json']} is corrupt ({e!r}); rerun {prep} --force")
+    if data_vocab != vocab_size:
+        raise UserError(f"the data in {out_dir} has vocab_size {data_vocab} ({meta.get('tokenizer')} tokenizer) but "
+                        f"the config says {vocab_size}: use a config made for this data (cpu_* for bytes) or set "
+                        "vocab_size")
+    for split, n in counts.items():  # the first problem of each split, if any, in one message
+        if n < block_size + 1:
+            raise UserError(f"{split} split has {n} tokens, fewer than block_size + 1 = {block_size + 1}")
+        size = os.path.getsize(path[f"{split}.bin"])
+        top = int(np.memmap(path[f"{split}.bin"], dtype=np.uint16, mode="r").max()) if size == 2 * n else 0
+        problem = (f"has {size} bytes but meta.json says {n} uint16 tokens: truncated or corrupt" if size != 2 * n else
+                   f"holds token id {top} >= vocab_size {vocab_size}: it does not match its meta.json"
+                   if top >= vocab_size else None)  # an out-of-vocab id would crash (on CUDA: assert) mid-run
+        if problem:
+            raise UserError(f"{path[f'{split}.bin']} {problem}; rerun {prep} --force")
+    return meta
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--input", help="local TinyStories-format text file (default: the HF hub dataset)")

@@ -14,7 +14,7 @@ import types
 import torch
 
 from prepare import get_tokenizer
-from train import Transformer, load_checkpoint
+from train import DEFAULTS, Transformer, load_checkpoint
 
 
 def die(msg):
@@ -40,7 +40,7 @@ def load_model(out_dir, device):
             'or point --out_dir at a run folder')
     try:
         ckpt = load_checkpoint(path)
-        model = Transformer(types.SimpleNamespace(**ckpt['config']))
+        model = Transformer(types.SimpleNamespace(**{**DEFAULTS, **ckpt['config']}))  # newer keys: their defaults
         model.load_state_dict(ckpt['model'])
         name = ckpt['meta']['tokenizer']
     except Exception as e:  # whatever is wrong with the file, the fix is the same: another checkpoint

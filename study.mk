@@ -20,6 +20,10 @@ SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu
 # 1,120: the budget is what is smaller here, so the schedule is shorter too)
 SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
+# the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
+VARIANTS ?= cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias
+VARIANT_SEEDS ?= 1 2 3 4 5
+VARIANT_RUNS := $(foreach c,$(VARIANTS),$(foreach s,$(VARIANT_SEEDS),out/$(c)-s$(s)/done.json))
 # the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
 kept = $(patsubst out/%/done.json,results/cpu/runs/%,$1)
 keep = for run in $(dir $1); do mkdir -p results/cpu/runs/$$(basename $$run) && \
@@ -31,7 +35,7 @@ study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
 	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/$$c-s1 --num_samples 2 \
 		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
-$(sort $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS)): out/%/done.json: | data/tinystories_bytes/meta.json
+$(sort $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS) $(VARIANT_RUNS)): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 # out/scan_d64_cpu_moe-s1/done.json -> the cpu_moe config at d_model 64, experts 128 wide, named scan_d64_cpu_moe
 scan_width = $(word 1,$(subst _, ,$1))
@@ -58,15 +62,30 @@ $(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
 # make study2: the main protocol at 10 seeds, and the token budget as separate runs at the fixed d_model 44 trio:
 # BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
 # and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
+# Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
+# ROUTER_SEEDS, and the MoE variants at cpu_moe's active and total FFN size (VARIANTS, config/cpu_moe_*.py) on
+# VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and both dense models)
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
 BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
-study2: setup $(MAIN_RUNS) $(BUDGET_RUNS)
-	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS))
+ROUTER_STARTS ?= init0 lr01 lr03 nodecay
+ROUTER_SEEDS ?= 1 2 3
+rs_init0 = --router_init_std=0
+rs_lr01 = --router_lr_mult=0.1
+rs_lr03 = --router_lr_mult=0.3
+rs_nodecay = --router_decay=False
+ROUTER_RUNS := $(foreach r,$(ROUTER_STARTS),$(foreach s,$(ROUTER_SEEDS),out/cpu_moe_rs_$(r)-s$(s)/done.json))
+study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
+	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS))
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
+	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
+# out/cpu_moe_rs_init0-s2/done.json -> config/cpu_moe.py, seed 2, $(rs_init0), named cpu_moe_rs_init0
+$(ROUTER_RUNS): out/cpu_moe_rs_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/cpu_moe.py --seed=$(word 2,$(subst -s, ,$*)) $(rs_$(word 1,$(subst -s, ,$*))) \
+		--config_name=cpu_moe_rs_$(word 1,$(subst -s, ,$*)) $(if $(wildcard out/cpu_moe_rs_$*/log.jsonl),--resume=True)
 # out/b25_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a quarter of the recipe's tokens, named b25_cpu_moe
 $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) \

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import configurator
 from configurator import die
+from prepare import UserError, check_prepared
 
 # ----------------------------------------------------------------------------- config
 out_dir = ''              # '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
@@ -55,6 +56,11 @@ top_k = 2                 # experts per token; their gate weights are renormalis
 moe_hidden = 1632         # hidden width of each expert
 aux_loss_coef = 0.01      # Switch load-balancing loss weight (0 turns it off)
 z_loss_coef = 0.001       # router z-loss weight (0 turns it off)
+bias_rate = 0.0           # > 0: aux-loss-free balancing (DeepSeek-V3), a selection-only bias per expert moved this much
+shared_hidden = 0         # > 0: one always-on SwiGLU expert this wide beside the routed ones (DeepSeekMoE)
+router_init_std = 0.02    # 0: a zero router, every expert equally likely at the start
+router_lr_mult = 1.0      # the routers' learning rate as a multiple of learning_rate
+router_decay = True       # weight decay on the routers (as on every matrix)
 match = ''                # dense only: 'active' | 'total' = size ffn_hidden to the MoE's active/total params
 match_tol = 0.01          # largest allowed relative param mismatch of a matched dense model
 # optimisation: 426.3M tokens in 6,505 steps of 64Ki; many steps matter more than big batches for MoE routers
@@ -79,13 +85,13 @@ resume = False            # continue the run in out_dir from its latest.pt, exac
 device = 'auto'           # 'auto' -> cuda if available, else cpu
 compile = None            # torch.compile; None -> on for CUDA, off for CPU
 
-CONFIG_KEYS = [k for k, v in globals().items()
-               if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))]
+DEFAULTS = {k: v for k, v in globals().items()
+            if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))}
 
 
 def configure(argv):
     """The defaults above, then config files and --key=value overrides (configurator.py), checked."""
-    c = configurator.configure({k: globals()[k] for k in CONFIG_KEYS}, argv)
+    c = configurator.configure(dict(DEFAULTS), argv)
     configurator.check(c)
     if c.ffn == 'dense' and c.match:
         c.ffn_hidden = solve_ffn_hidden(c)
@@ -151,17 +157,20 @@ class MoE(nn.Module):
         super().__init__()
         self.n_experts, self.top_k = c.n_experts, c.top_k
         E, d, h = c.n_experts, c.d_model, c.moe_hidden
-        self.router = linear(d, E, 0.02)
+        self.router = linear(d, E, c.router_init_std)
         self.gate = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.up = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.down = nn.Parameter(torch.randn(E, h, d) * resid_std)
+        self.shared = SwiGLU(d, c.shared_hidden, resid_std) if c.shared_hidden else None
+        self.register_buffer('bias', torch.zeros(E) if c.bias_rate else None)  # moved by the loop, not by gradients
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         N, E, k = x.shape[0], self.n_experts, self.top_k
         probs, log_z, weights, experts = self.route(x)
         y, counts = self.dispatch(x, weights, experts)
-
+        if self.shared is not None:  # every token also goes through the shared expert, ungated
+            y = y + self.shared(x)
         load = counts.float() / (N * k)  # f_i: share of assignments that go to expert i
         with torch.no_grad():  # routing health for the logs, packed in one row: no host sync, one op to average
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()  # nats, at most ln(E)
@@ -177,7 +186,9 @@ class MoE(nn.Module):
             logits = self.router.weight.float() @ x.float().t()  # (E, N)
         log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
         probs = (logits - log_z).exp()  # the softmax over experts
-        weights, experts = probs.topk(k, dim=0)  # (k, N): each token's k experts and their gate weights
+        scores = probs if self.bias is None else probs + self.bias[:, None]  # the bias picks experts, never weighs
+        experts = scores.topk(k, dim=0).indices  # (k, N): each token's k experts
+        weights = probs.gather(0, experts)  # and their gate weights
         if k > 1:  # Mixtral renormalises; at top-1 that gives weight 1 and no router gradient: keep it (Switch)
             weights = weights / weights.sum(dim=0)
         return probs, log_z, weights.flatten(), experts.flatten()
@@ -313,7 +324,7 @@ def count_params(c):
          'attention': L * 4 * d * d, 'norms': (2 * L + 1) * d}
     if c.ffn == 'moe':
         per_expert = 3 * d * c.moe_hidden
-        n['ffn'], n['router'] = L * c.n_experts * per_expert, L * c.n_experts * d
+        n['ffn'], n['router'] = L * (c.n_experts * per_expert + 3 * d * c.shared_hidden), L * c.n_experts * d
         unused = L * (c.n_experts - c.top_k) * per_expert
     else:
         n['ffn'], n['router'], unused = L * 3 * d * c.ffn_hidden, 0, 0
@@ -337,7 +348,8 @@ def solve_ffn_hidden(c):
 
 def print_param_table(c):
     n = count_params(c)
-    what = (f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}' if c.ffn == 'moe' else
+    what = (f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
+            + f', shared expert {c.shared_hidden}' * bool(c.shared_hidden) if c.ffn == 'moe' else
             f'dense: ffn_hidden {c.ffn_hidden}' + (f' (matched to the MoE {c.match} params)' if c.match else ''))
     print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, vocab {c.vocab_size} | {what}')
     for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
@@ -352,31 +364,12 @@ def print_param_table(c):
 
 # ----------------------------------------------------------------------------- data
 def load_data(c):
-    """Check the prepared dataset against the config; return its meta and the fixed validation windows."""
-    path = {name: os.path.join(c.data_dir, name) for name in ('train.bin', 'val.bin', 'meta.json')}
-    prep = f'python prepare.py --out_dir {c.data_dir}' + ' --hf_stories 5510 --tokenizer bytes' * (c.vocab_size == 257)
-    if not all(map(os.path.isfile, path.values())):
-        die(f'{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data first: {prep} '
-            '(or --input FILE --tokenizer bytes for a local TinyStories text file)')
+    """The prepared data's meta (prepare.py checks its files against the config) and the fixed validation windows."""
     try:
-        meta = json.load(open(path['meta.json']))
-        counts, data_vocab = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}, meta['vocab_size']
-    except (ValueError, KeyError, TypeError) as e:
-        die(f'{path["meta.json"]} is corrupt ({e!r}); rerun {prep} --force')
-    if data_vocab != c.vocab_size:
-        die(f'the data in {c.data_dir} has vocab_size {data_vocab} ({meta.get("tokenizer")} tokenizer) but the '
-            f'config says {c.vocab_size}: use a config made for this data (cpu_* for bytes) or set vocab_size')
-    for split, n in counts.items():  # the first problem of each split, if any, in one message
-        if n < c.block_size + 1:
-            die(f'{split} split has {n} tokens, fewer than block_size + 1 = {c.block_size + 1}')
-        size = os.path.getsize(path[f'{split}.bin'])
-        top = int(np.memmap(path[f'{split}.bin'], dtype=np.uint16, mode='r').max()) if size == 2 * n else 0
-        problem = (f'has {size} bytes but meta.json says {n} uint16 tokens: truncated or corrupt' if size != 2 * n else
-                   f'holds token id {top} >= vocab_size {c.vocab_size}: it does not match its meta.json'
-                   if top >= c.vocab_size else None)  # an out-of-vocab id would crash (on CUDA: assert) mid-run
-        if problem:
-            die(f'{path[f"{split}.bin"]} {problem}; rerun {prep} --force')
-    val = np.memmap(path['val.bin'], dtype=np.uint16, mode='r')
+        meta = check_prepared(c.data_dir, c.vocab_size, c.block_size)
+    except UserError as e:
+        die(str(e))
+    val = np.memmap(os.path.join(c.data_dir, 'val.bin'), dtype=np.uint16, mode='r')
     # the fixed validation set: evenly spaced windows over the whole split, the same for every config and seed
     n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
     starts = np.linspace(0, len(val) - c.block_size - 1, n).round().astype(np.int64)
@@ -451,7 +444,7 @@ def load_resume_checkpoint(path, c):
         die(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
     may_differ = {'resume', 'device', 'compile', 'out_dir', 'data_dir'}
     # a key newer than the checkpoint counts as its default, which is how the older code behaved
-    changed = sorted(k for k in CONFIG_KEYS if k not in may_differ and saved.get(k, globals()[k]) != getattr(c, k))
+    changed = sorted(k for k in DEFAULTS if k not in may_differ and saved.get(k, DEFAULTS[k]) != getattr(c, k))
     if changed:
         die(f'{path} was written with another config ({", ".join(f"{k}={saved.get(k)!r}" for k in changed)}); '
             'resume with the same settings, or train into another --out_dir')
@@ -459,6 +452,15 @@ def load_resume_checkpoint(path, c):
 
 
 # ----------------------------------------------------------------------------- training
+def param_groups(model, c):
+    """AdamW's groups: matrices decayed, norm gains not; the routers with their own learning rate and decay."""
+    routers = [p for name, p in model.named_parameters() if name.endswith('router.weight')]
+    rest = [p for p in model.parameters() if all(p is not r for r in routers)]
+    return [{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': c.weight_decay, 'lr_mult': 1.0},
+            {'params': [p for p in rest if p.dim() < 2], 'weight_decay': 0.0, 'lr_mult': 1.0},
+            {'params': routers, 'weight_decay': c.weight_decay * c.router_decay, 'lr_mult': c.router_lr_mult}]
+
+
 def setup_device(c):
     """-> (device, compile?, autocast): bf16 and compiled on GPU; fp32, eager on CPU (bf16 is slow there)."""
     device = torch.device('cuda' if c.device == 'auto' and torch.cuda.is_available() else
@@ -513,9 +515,6 @@ def main(argv):
     # torchrun sets RANK and WORLD_SIZE: one process per GPU (or CPU process), gradients averaged by DDP
     rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     ddp, master = world > 1, rank == 0
-    if c.grad_accum % world:
-        die(f'grad_accum ({c.grad_accum}) must be a multiple of the number of processes ({world}): '
-            'each process takes its share of the micro-batches of every step')
     log_path, latest_path = (os.path.join(c.out_dir, name) for name in ('log.jsonl', 'latest.pt'))
     ckpt = load_resume_checkpoint(latest_path, c) if c.resume and os.path.isfile(latest_path) else None
     if os.path.exists(log_path) and not c.resume:
@@ -529,10 +528,8 @@ def main(argv):
     model = Transformer(c).to(device)
     params = count_params(c)
     assert params['total'] == sum(p.numel() for p in model.parameters()), 'parameter accounting is off'
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices; not norm gains
-    optimizer = torch.optim.AdamW([{'params': decay, 'weight_decay': c.weight_decay},
-                                   {'params': [p for p in model.parameters() if p.dim() < 2], 'weight_decay': 0.0}],
-                                  lr=c.learning_rate, betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
+    optimizer = torch.optim.AdamW(param_groups(model, c), lr=c.learning_rate, betas=(c.beta1, c.beta2),
+                                  fused=device.type == 'cuda')
     step_model = torch.compile(model) if use_compile else model
     train_model = torch.nn.parallel.DistributedDataParallel(step_model) if ddp else step_model
 
@@ -588,7 +585,7 @@ def main(argv):
 
         lr = lr_at(it, c, iters)
         for group in optimizer.param_groups:
-            group['lr'] = lr
+            group['lr'] = lr * group['lr_mult']
         x, y = get_batch(c, it, device)  # the whole step's windows, the same in every process
         for i, micro in enumerate(my_micro):
             rows = slice(micro * c.batch_size, (micro + 1) * c.batch_size)
@@ -605,6 +602,8 @@ def main(argv):
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        for block, row in zip(model.blocks, aux['routing'] if c.bias_rate else []):  # (DDP: rank 0's bias is used)
+            block.ffn.bias += c.bias_rate * (1 / c.n_experts - row[:-2]).sign()  # towards equal load: last micro-batch
 
         done = it + 1  # steps done; `iter` means the same in training and eval lines
         if done % c.log_interval == 0 or done == iters:
