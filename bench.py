@@ -69,8 +69,8 @@ VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.ite
 def build(argv):
     """The configs of the four models always timed; the recipe's MoE settings size the two matched dense models."""
     variants = {'moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0'],
-                'dense_active': ["--ffn='dense'", "--match='active'", '--ffn_hidden=0'],
-                'dense_total': ["--ffn='dense'", "--match='total'", '--ffn_hidden=0'],
+                'dense_active': ["--ffn='dense'", "--match='active'", '--ffn_hidden=0', '--bias_rate=0.0'],
+                'dense_total': ["--ffn='dense'", "--match='total'", '--ffn_hidden=0', '--bias_rate=0.0'],
                 'naive_moe': ["--ffn='moe'", "--match=''", '--ffn_hidden=0']}
     return {name: train.configure(argv + extra) for name, extra in variants.items()}
 

@@ -25,6 +25,7 @@ ROLES = ('dense_active', 'moe', 'dense_total')
 PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012), 'dense_total': (1.5608, 0.0025)}
 PAPER_GAPS = {'active': 0.0758, 'total': 0.0180}
 ROUTING = ('busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac')
+EXIT_CE = 2.5  # a run has left the early plateau (training CE near 3.0) at its first logged step below this
 NO_GAP = {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0, 'per_seed': {}}  # configs sharing no seed
 
 
@@ -79,7 +80,8 @@ def load_runs(paths, warn):
             warn(f'skipped {path}: {name} seed {seed} already comes from {runs[name][seed]["path"]}')
             continue
         best = min(finite, key=lambda r: r['val_loss'])
-        runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
+        exit_step = next((r['iter'] for r in records if r.get('ce', math.inf) < EXIT_CE), None)
+        runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best, 'exit_step': exit_step,
                             'finished': evals[-1]['iter'] == config.get('iters')}
         if not runs[name][seed]['finished']:
             warn(f'{path} has not finished (last eval at iter {evals[-1]["iter"]} of {config.get("iters")})')
@@ -121,7 +123,7 @@ def summarise(runs, warn):
         mean, std = mean_std([r['best']['val_loss'] for r in seeds.values()])
         configs[name] = {'role': role, 'total': params['total'], 'active': params['active'],
                          'seeds': {str(s): seeds[s]['best']['val_loss'] for s in sorted(seeds)},
-                         'mean': mean, 'std': std}
+                         'mean': mean, 'std': std, 'exit_step': {str(s): seeds[s]['exit_step'] for s in sorted(seeds)}}
         routed = [r['best'] for r in seeds.values() if 'busiest_frac' in r['best']]  # MoE runs
         if routed:  # routing at the best checkpoint; older logs without routing keys are left out
             if len(routed) < len(seeds):
@@ -164,9 +166,10 @@ def summarise(runs, warn):
 
 
 def variants(runs, warn):
-    """MoE ablations: a config named <moe config>_<change> (cpu_moe_noz) against that MoE config, seed-paired.
-    Returns (differences by variant, {key: {config: curve}} for busiest_frac and log_z over training with
-    every default and variant once, defaults first)."""
+    """MoE variants: a config named <moe config>_<change> (cpu_moe_noz) against that MoE config, seed-paired, and
+    against the dense models of its family (vs_dense_total, vs_dense_active: variant - dense, negative = the
+    variant is better). Returns (differences by variant, {key: {config: curve}} for busiest_frac and log_z over
+    training with every default and variant once, defaults first)."""
     bases = [name for name in runs if role_of(name)[1] == 'moe']
     deltas, curves = {}, {'busiest_frac': {}, 'log_z': {}}
     for name in sorted(runs):
@@ -178,6 +181,9 @@ def variants(runs, warn):
             warn(f'{name} and {base} share no seed: no paired difference')
             continue
         deltas[name] = {'base': base, **delta}
+        for role in ('dense_total', 'dense_active'):
+            dense = role_of(base)[0] + role
+            deltas[name]['vs_' + role] = (paired(runs[name], runs[dense]) if dense in runs else None) or NO_GAP
     for key, by_config in curves.items():
         for name in sorted({d['base'] for d in deltas.values()}) + list(deltas):
             by_config[name] = curve_mean(runs[name], key)
@@ -216,12 +222,18 @@ def markdown(summary, runs, warnings, plots):
     f = lambda m, s: f'{m:.4f} ± {s:.4f}'
     lines = ['# tinymoe report', '', f'Runs: {sum(len(s) for s in runs.values())} in {len(runs)} configs. '
              'Best validation loss (CE on the fixed validation set) per run; mean ± sample std over seeds.', '',
-             '| config | role | total params | active params | seeds | best val loss | paper |',
-             '|---|---|---|---|---|---|---|']
+             f'"Leaves the plateau": the mean over seeds of the first logged step with training CE < {EXIT_CE} '
+             '(its range in brackets; never: runs that did not).', '',
+             '| config | role | total params | active params | seeds | best val loss | paper | leaves the plateau |',
+             '|---|---|---|---|---|---|---|---|']
     for name, c in summary['configs'].items():
         paper = f(*PAPER[c['role']]) if name in ROLES else ''
+        steps = [s for s in c['exit_step'].values() if s is not None]
+        never = len(c['exit_step']) - len(steps)
+        exits = (f'{sum(steps) / len(steps):.0f} [{min(steps)}-{max(steps)}]' if steps else '') + \
+            (f'{", " * bool(steps)}never: {never}' if never else '')
         lines.append(f'| {name} | {c["role"] or "-"} | {c["total"]:,} | {c["active"]:,} | '
-                     f'{",".join(c["seeds"])} | {f(c["mean"], c["std"])} | {paper} |')
+                     f'{",".join(c["seeds"])} | {f(c["mean"], c["std"])} | {paper} | {exits} |')
     for family, fam in summary['families'].items():
         title = family.rstrip('_') or 'paper scale'
         lines += ['', f'## Gaps: {title}', '',
@@ -269,12 +281,17 @@ def markdown(summary, runs, warnings, plots):
                          f'{gap("active")} | {gap("total")} |')
     if summary['variants']:
         lines += ['', '## MoE variants against their default', '',
-                  'Seed-paired difference of best validation loss, variant - default (positive = the variant is '
-                  'worse); routing at the best checkpoint is in the table above.', '',
-                  '| variant | default | difference | seeds | per seed |', '|---|---|---|---|---|']
+                  'Seed-paired differences of best validation loss, variant - default and variant - each dense '
+                  'model of its family (positive = the variant is worse; [k of n < 0]: seeds where the variant is '
+                  'better); routing at the best checkpoint is in the table above.', '',
+                  '| variant | default | difference | seeds | per seed | vs dense_total | vs dense_active |',
+                  '|---|---|---|---|---|---|---|']
+        vs = lambda g: '-' if not g['n'] else (f'{g["mean"]:+.4f} ± {g["std"]:.4f} '
+                                              f'[{sum(v < 0 for v in g["per_seed"].values())} of {g["n"]} < 0]')
         for name, d in summary['variants'].items():
             lines.append(f'| {name} | {d["base"]} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["n"]} | ' +
-                         ', '.join(f's{s}: {x:+.4f}' for s, x in d['per_seed'].items()) + ' |')
+                         ', '.join(f's{s}: {x:+.4f}' for s, x in d['per_seed'].items()) +
+                         f' | {vs(d["vs_dense_total"])} | {vs(d["vs_dense_active"])} |')
         for key, curves in summary['variant_curves'].items():
             at_tokens = [dict(zip(c['tokens'], c['mean'])) for c in curves.values()]
             tokens = sorted(set().union(*at_tokens))

@@ -82,6 +82,11 @@ study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
+	@# each variant's cost per step against dense models matched to it (the finer experts' wider routers need
+	@# match_tol 2.5% at this width), one thread
+	mkdir -p results/cpu/variants/bench
+	for v in cpu_moe $(VARIANTS); do OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$$v.py --match_tol=0.025 \
+		> results/cpu/variants/bench/$$v.txt || exit 1; done
 # out/cpu_moe_rs_init0-s2/done.json -> config/cpu_moe.py, seed 2, $(rs_init0), named cpu_moe_rs_init0
 $(ROUTER_RUNS): out/cpu_moe_rs_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/cpu_moe.py --seed=$(word 2,$(subst -s, ,$*)) $(rs_$(word 1,$(subst -s, ,$*))) \

@@ -43,15 +43,20 @@ def expert_output(moe, i, v):
 
 
 def reference_moe(moe, x):
-    """The simplest correct MoE: one token at a time, each of its top_k experts, gate-weighted."""
+    """The simplest correct MoE: one token at a time, each of its top_k experts (chosen by probability plus the
+    selection bias, if any), weighted by probability alone; plus the shared expert's SwiGLU, if any."""
     probs = (x.float() @ moe.router.weight.float().T).softmax(-1)
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
-        w, e = probs[t].topk(moe.top_k)
+        e = (probs[t] if moe.bias is None else probs[t] + moe.bias).topk(moe.top_k).indices
+        w = probs[t][e]
         if moe.top_k > 1:  # Mixtral renormalises top-k weights; top-1 keeps its probability (Switch)
             w = w / w.sum()
         for weight, i in zip(w, e.tolist()):
             out[t] += weight * expert_output(moe, i, x[t])
+        if moe.shared is not None:
+            s = moe.shared
+            out[t] += (F.silu(x[t] @ s.gate.weight.T) * (x[t] @ s.up.weight.T)) @ s.down.weight.T
     return out
 
 

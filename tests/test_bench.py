@@ -179,3 +179,13 @@ def test_stages_compute_what_they_are_named():
     for name, cls in (('moe', train.MoE), ('naive_moe', bench.NaiveMoE), ('experts_only', bench.ExpertsOnlyMoE),
                       ('routed', bench.RoutedMoE)):
         assert all(type(block.ffn) is cls for block in bench.make_model(name, c).blocks)
+
+
+def test_bench_times_a_variant_against_dense_models_matched_to_it():
+    """The dense models take the variant's sizes but none of its MoE-only settings (the selection bias)."""
+    out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe_bias.py', '--steps=1', '--rounds=2',
+                          '--d_model=16', '--moe_hidden=16', '--block_size=32', '--batch_size=4', '--ffn_multiple_of=1'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result['ms_per_step']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}

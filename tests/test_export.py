@@ -2,6 +2,7 @@
 greedy generations, and the exported tokenizers encode and decode like ours. transformers is a test-only
 dependency (installed by make test)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -68,7 +69,7 @@ def test_exported_model_and_tokenizer_give_our_logits_and_greedy_stories(tmp_pat
     assert tok.decode(hf_tokens[0, 1:], skip_special_tokens=True) == ref.decode(mine[0, 1:].tolist())
 
 
-def test_top1_moe_and_a_used_folder_are_refused(tmp_path):
+def test_top1_moe_variants_and_a_used_folder_are_refused(tmp_path):
     def export(run_dir, to):
         return subprocess.run([sys.executable, 'export_hf.py', '--out_dir', str(run_dir), '--to', str(to)],
                               cwd=REPO, capture_output=True, text=True)
@@ -77,6 +78,12 @@ def test_top1_moe_and_a_used_folder_are_refused(tmp_path):
     _, top1 = fake_run(tmp_path / 'top1', ffn='moe', top_k=1)
     out = export(top1, tmp_path / 'hf')
     assert out.returncode != 0 and 'top_k >= 2' in out.stderr and not (tmp_path / 'hf').exists()
+    for variant in ({'shared_hidden': 8}, {'bias_rate': 0.001}):  # no Mixtral weights for them
+        (tmp_path / 'variant').mkdir()
+        _, run_dir = fake_run(tmp_path / 'variant', ffn='moe', **variant)
+        out = export(run_dir, tmp_path / 'hf')
+        assert out.returncode != 0 and 'shared expert' in out.stderr and not (tmp_path / 'hf').exists()
+        shutil.rmtree(tmp_path / 'variant')
     (tmp_path / 'top2').mkdir()
     _, top2 = fake_run(tmp_path / 'top2', ffn='moe', top_k=2)
     (tmp_path / 'used').mkdir()

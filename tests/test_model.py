@@ -13,13 +13,16 @@ import train
 from conftest import config, expert_output, reference_moe, run, write_stories
 
 
-@pytest.mark.parametrize('top_k', [1, 2])
-def test_moe_matches_per_token_reference(top_k):
+@pytest.mark.parametrize('top_k,variant', [(1, {}), (2, {}), (2, {'shared_hidden': 8}), (2, {'bias_rate': 0.1}),
+                                           (3, {'shared_hidden': 8, 'bias_rate': 0.1})])
+def test_moe_matches_per_token_reference(top_k, variant):
     torch.manual_seed(0)
-    moe = train.MoE(config(top_k=top_k), resid_std=0.02)
+    moe = train.MoE(config(top_k=top_k, **variant), resid_std=0.02)
     with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
         for p in moe.parameters():
             p.normal_()
+        if moe.bias is not None:  # a bias large enough to change some selections
+            moe.bias.copy_(torch.tensor([0.3, -0.2, 0.0, 0.1]))
     x = torch.randn(3, 7, 16, requires_grad=True)
     y, aux = moe(x)
     assert y.shape == x.shape
@@ -58,6 +61,46 @@ def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
     for grad, grad_ref in zip(torch.autograd.grad((y * probe).sum(), inputs),
                               torch.autograd.grad((y_ref * probe).sum(), inputs)):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
+    torch.manual_seed(0)
+    moe = train.MoE(config(bias_rate=0.1), resid_std=0.02)
+    with torch.no_grad():
+        moe.router.weight.normal_()
+    x = torch.randn(50, 16)
+    probs, _, weights, experts = moe.route(x)
+    moe.bias.copy_(torch.tensor([0.5, 0.0, 0.0, 0.0]))  # expert 0 into every token's pair
+    probs_b, _, weights_b, experts_b = moe.route(x)
+    torch.testing.assert_close(probs_b, probs)  # the bias is not in the softmax
+    chosen = experts_b.view(2, -1)
+    assert (chosen == 0).any(dim=0).all() and not torch.equal(experts_b, experts)
+    # each token's gate weights: its unbiased probabilities of the chosen pair, renormalised
+    picked = probs.gather(0, chosen)
+    torch.testing.assert_close(weights_b.view(2, -1), picked / picked.sum(dim=0))
+    same = (experts_b.view(2, -1) == experts.view(2, -1)).all(dim=0)  # tokens whose pair did not change
+    assert same.any() and torch.equal(weights_b.view(2, -1)[:, same], weights.view(2, -1)[:, same])
+
+
+def test_router_settings_leave_every_other_weight_as_the_default_init():
+    torch.manual_seed(0)
+    default = train.Transformer(config())
+    torch.manual_seed(0)
+    zero = train.Transformer(config(router_init_std=0))
+    for (name, p), q in zip(default.named_parameters(), zero.parameters()):
+        if name.endswith('router.weight'):
+            assert p.abs().min() > 0 and not q.any()  # a zero router: every expert equally likely
+        else:
+            assert torch.equal(p, q), name
+    groups = train.param_groups(zero, config(router_lr_mult=0.25, router_decay=False))
+    ids = [id(p) for g in groups for p in g['params']]
+    assert sorted(ids) == sorted(id(p) for p in zero.parameters())  # every parameter exactly once
+    routers = [p for name, p in zero.named_parameters() if 'router' in name]
+    assert len(routers) == 2 and [id(p) for p in groups[2]['params']] == [id(p) for p in routers]
+    assert (groups[2]['lr_mult'], groups[2]['weight_decay']) == (0.25, 0.0)
+    assert [(g['lr_mult'], g['weight_decay']) for g in groups[:2]] == [(1.0, 0.1), (1.0, 0.0)]
+    assert all(p.dim() >= 2 for p in groups[0]['params']) and all(p.dim() < 2 for p in groups[1]['params'])
+    assert train.param_groups(zero, config())[2]['weight_decay'] == 0.1  # decayed like every matrix by default
 
 
 @pytest.mark.parametrize('copies', [1, 3])
@@ -227,9 +270,10 @@ def test_model_is_causal(ffn):
 
 
 # ----------------------------------------------------------------------------- parameter accounting
-@pytest.mark.parametrize('ffn,tie', [('dense', True), ('dense', False), ('moe', True), ('moe', False)])
-def test_analytic_param_counts_equal_counted_ones(ffn, tie):
-    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2)
+@pytest.mark.parametrize('ffn,tie,shared', [('dense', True, 0), ('dense', False, 0), ('moe', True, 0),
+                                            ('moe', False, 0), ('moe', True, 12)])
+def test_analytic_param_counts_equal_counted_ones(ffn, tie, shared):
+    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2, shared_hidden=shared)
     model = train.Transformer(c)
     n = train.count_params(c)
     assert n['total'] == sum(p.numel() for p in model.parameters())
@@ -240,6 +284,7 @@ def test_analytic_param_counts_equal_counted_ones(ffn, tie):
     if ffn == 'moe':
         assert n['router'] == sum(model.blocks[i].ffn.router.weight.numel() for i in range(2))
         assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of three experts unused per layer
+        assert sum(p.numel() for name, p in model.named_parameters() if '.shared.' in name) == 2 * 3 * 16 * shared
     else:
         assert n['active'] == n['total']
 
@@ -283,6 +328,16 @@ def test_shipped_configs_have_the_readme_counts(name):
         assert abs(n['active'] / 14.77e6 - 1) <= 0.004 and abs(n['total'] / 21.06e6 - 1) <= 0.004
 
 
+@pytest.mark.parametrize('name', ['cpu_moe_fine8', 'cpu_moe_fine16', 'cpu_moe_shared', 'cpu_moe_bias'])
+def test_variants_have_cpu_moes_ffn_size_and_params_within_2_percent(name):
+    base, c = train.configure(['config/cpu_moe.py']), train.configure([f'config/{name}.py'])
+    ffn = lambda c: (c.top_k * c.moe_hidden + c.shared_hidden, c.n_experts * c.moe_hidden + c.shared_hidden)
+    assert ffn(c) == ffn(base) == (176, 352)  # active and total FFN hidden width per layer
+    n, n_base = train.count_params(c), train.count_params(base)
+    for key in ('total', 'active'):
+        assert n[key] >= n_base[key] and n[key] / n_base[key] - 1 < 0.02  # only the wider routers add params
+
+
 def test_a_match_beyond_match_tol_names_the_closest_width_and_the_fix(capsys):
     line = config_error(capsys, 'config/cpu_dense_total.py', '--match_tol=0.001')
     assert line.split(': error: ', 1)[1] == ('no dense width matches the MoE total params (229,240) within match_tol=0.001: '
@@ -319,6 +374,8 @@ def test_config_errors_are_one_clear_line(tmp_path, capsys):
     assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
     assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs
     assert 'device' in config_error(capsys, "--device='gpu'")
+    assert 'router_lr_mult must be >= 0' in config_error(capsys, '--router_lr_mult=-1.0')
+    assert 'use it with ffn = moe' in config_error(capsys, 'config/cpu_dense_total.py', '--bias_rate=0.001')
     # and as a user sees it: exit code != 0, one line, no traceback
     out = run('train.py', 'config/cpu_moe.py', '--n_layers=2')
     assert out.returncode != 0 and out.stderr.count('\n') == 1 and 'Traceback' not in out.stderr

@@ -92,9 +92,14 @@ def test_table_gaps_and_curves_are_exact(runs):
     assert r['variant_curves']['log_z']['cpu_moe']['mean'] == pytest.approx([4.0] * 3)
     assert r['scan'] == []  # one family is no scan
 
+    # and against the dense models of its family, variant - dense: seed 1 only
+    assert v['vs_dense_total']['per_seed'] == {'1': pytest.approx(1.30 - 1.18)}
+    assert v['vs_dense_active']['n'] == 1 and v['vs_dense_active']['mean'] == pytest.approx(1.30 - 1.25)
+
     text = (runs / 'rep' / 'report.md').read_text()
     assert '| cpu_moe | moe | 270 | 160 | 1,2,3 | 1.2033 ± 0.0153 |' in text
-    assert '| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 |' in text
+    assert ('| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 | +0.1200 ± 0.0000 [0 of 1 < 0] | '
+            '+0.0500 ± 0.0000 [0 of 1 < 0] |') in text
     for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png', 'variants_routing.png'):
         assert (runs / 'rep' / png).stat().st_size > 1000 and f']({png})' in text
 
@@ -199,3 +204,22 @@ def test_plateau_table_shows_the_routers_steps_and_each_runs_exit(tmp_path, caps
                         '| moe | 100 | router_entropy | 1.38 | 1.38 | 1.38 |', '| moe | 100 | log_z | 0.00 | 0.20 | 0.40 |',
                         '| dense | 50 | ce | 4.60 | 2.40 | 2.00 |']
     assert capsys.readouterr().out.strip() == '\n'.join(rows)
+
+
+def test_plateau_exit_is_the_first_logged_step_below_the_threshold(tmp_path):
+    """Training CE 3.0, 2.6, 2.4 (exit at that step), then 2.0; a run that never gets below 2.5; an eval line's
+    val_loss below 2.5 does not count."""
+    def write(folder, seed, ces):
+        folder.mkdir(parents=True)
+        (folder / 'config.json').write_text(json.dumps({'config_name': 'cpu_moe', 'seed': seed, 'iters': 100,
+                                                        'tokens_per_iter': 10, 'params': {'total': 5, 'active': 3}}))
+        lines = [{'iter': 0, 'tokens': 0, 'val_loss': 2.0, 'best_val': 2.0}]
+        lines += [{'iter': 25 * (i + 1), 'tokens': 250 * (i + 1), 'loss': ce + 0.1, 'ce': ce} for i, ce in enumerate(ces)]
+        (folder / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+    write(tmp_path / 'a', 1, [3.0, 2.6, 2.4, 2.0])
+    write(tmp_path / 'b', 2, [3.0, 2.9, 2.7, 2.6])
+    write(tmp_path / 'c', 3, [2.4, 2.0, 1.9, 1.8])
+    report.main([str(tmp_path / 'a'), str(tmp_path / 'b'), str(tmp_path / 'c'), '--out', str(tmp_path / 'rep')])
+    r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
+    assert r['configs']['cpu_moe']['exit_step'] == {'1': 75, '2': None, '3': 25}
+    assert '| 50 [25-75], never: 1 |' in (tmp_path / 'rep' / 'report.md').read_text()
