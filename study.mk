@@ -22,7 +22,7 @@ SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
 # the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
 VARIANTS ?= cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias
-VARIANT_SEEDS ?= 1 2 3 4 5
+VARIANT_SEEDS ?= 6 7 8 9 10
 VARIANT_RUNS := $(foreach c,$(VARIANTS),$(foreach s,$(VARIANT_SEEDS),out/$(c)-s$(s)/done.json))
 # the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
 kept = $(patsubst out/%/done.json,results/cpu/runs/%,$1)
@@ -64,14 +64,16 @@ $(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
 # and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
 # Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
 # ROUTER_SEEDS, and the MoE variants at cpu_moe's active and total FFN size (VARIANTS, config/cpu_moe_*.py) on
-# VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and both dense models)
+# VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and both dense models).
+# Seeds 6-10: the committed main runs of those seeds come from one kind of CPU (results/cpu/README.md), so a
+# variant trained on that kind is paired like with like; seeds 1-5 came from another.
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
 BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
 ROUTER_STARTS ?= init0 lr01 lr03 nodecay
-ROUTER_SEEDS ?= 1 2 3
+ROUTER_SEEDS ?= 6 7 8
 rs_init0 = --router_init_std=0
 rs_lr01 = --router_lr_mult=0.1
 rs_lr03 = --router_lr_mult=0.3
