@@ -21,7 +21,7 @@ SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu
 SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
 # the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
-VARIANTS ?= cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias
+VARIANTS ?= cpu_moe_init0 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias
 VARIANT_SEEDS ?= 6 7 8 9 10
 VARIANT_RUNS := $(foreach c,$(VARIANTS),$(foreach s,$(VARIANT_SEEDS),out/$(c)-s$(s)/done.json))
 # the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
@@ -72,12 +72,13 @@ BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
 BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
-ROUTER_STARTS ?= init0 lr01 lr03 nodecay
+ROUTER_STARTS ?= lr01 lr03 nodecay lb01
 ROUTER_SEEDS ?= 6 7 8
-rs_init0 = --router_init_std=0
 rs_lr01 = --router_lr_mult=0.1
 rs_lr03 = --router_lr_mult=0.3
 rs_nodecay = --router_decay=False
+# ten times the Switch loss: the routers send every token to the same experts while on the plateau
+rs_lb01 = --aux_loss_coef=0.1
 ROUTER_RUNS := $(foreach r,$(ROUTER_STARTS),$(foreach s,$(ROUTER_SEEDS),out/cpu_moe_rs_$(r)-s$(s)/done.json))
 study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS))
