@@ -21,7 +21,8 @@ SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu
 SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/noise_$(c)-$(v)/done.json))
 # the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
-VARIANTS ?= cpu_moe_init0 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias
+VARIANTS ?= cpu_moe_init0 cpu_moe_lr01 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias \
+	cpu_moe_shared_lr01 cpu_moe_shared_bias cpu_moe_shared_fine
 VARIANT_SEEDS ?= 6 7 8 9 10
 VARIANT_RUNS := $(foreach c,$(VARIANTS),$(foreach s,$(VARIANT_SEEDS),out/$(c)-s$(s)/done.json))
 # the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
@@ -63,18 +64,17 @@ $(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
 # BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
 # and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
 # Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
-# ROUTER_SEEDS, and the MoE variants at cpu_moe's active and total FFN size (VARIANTS, config/cpu_moe_*.py) on
-# VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and both dense models).
-# Seeds 6-10: the committed main runs of those seeds come from one kind of CPU (results/cpu/README.md), so a
-# variant trained on that kind is paired like with like; seeds 1-5 came from another.
+# ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs, cpu_moe_init0 and cpu_moe_lr01,
+# run with the variants), and the MoE variants at cpu_moe's active and total FFN size (VARIANTS,
+# config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and
+# both dense models of the same seed; results/cpu/README.md says which CPU trained which runs).
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
 BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
 	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
-ROUTER_STARTS ?= lr01 lr03 nodecay lb01
+ROUTER_STARTS ?= lr03 nodecay lb01
 ROUTER_SEEDS ?= 6 7 8
-rs_lr01 = --router_lr_mult=0.1
 rs_lr03 = --router_lr_mult=0.3
 rs_nodecay = --router_decay=False
 # ten times the Switch loss: the routers send every token to the same experts while on the plateau
@@ -90,7 +90,7 @@ study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	mkdir -p results/cpu/variants/bench
 	for v in cpu_moe $(VARIANTS); do OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$$v.py --match_tol=0.025 \
 		> results/cpu/variants/bench/$$v.txt || exit 1; done
-# out/cpu_moe_rs_init0-s2/done.json -> config/cpu_moe.py, seed 2, $(rs_init0), named cpu_moe_rs_init0
+# out/cpu_moe_rs_lr03-s7/done.json -> config/cpu_moe.py, seed 7, $(rs_lr03), named cpu_moe_rs_lr03
 $(ROUTER_RUNS): out/cpu_moe_rs_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/cpu_moe.py --seed=$(word 2,$(subst -s, ,$*)) $(rs_$(word 1,$(subst -s, ,$*))) \
 		--config_name=cpu_moe_rs_$(word 1,$(subst -s, ,$*)) $(if $(wildcard out/cpu_moe_rs_$*/log.jsonl),--resume=True)

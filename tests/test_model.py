@@ -328,7 +328,8 @@ def test_shipped_configs_have_the_readme_counts(name):
         assert abs(n['active'] / 14.77e6 - 1) <= 0.004 and abs(n['total'] / 21.06e6 - 1) <= 0.004
 
 
-@pytest.mark.parametrize('name', ['cpu_moe_init0', 'cpu_moe_fine8', 'cpu_moe_fine16', 'cpu_moe_shared', 'cpu_moe_bias'])
+@pytest.mark.parametrize('name', ['cpu_moe_init0', 'cpu_moe_lr01', 'cpu_moe_fine8', 'cpu_moe_fine16', 'cpu_moe_shared',
+                                  'cpu_moe_bias', 'cpu_moe_shared_lr01', 'cpu_moe_shared_bias', 'cpu_moe_shared_fine'])
 def test_variants_have_cpu_moes_ffn_size_and_params_within_2_percent(name):
     base, c = train.configure(['config/cpu_moe.py']), train.configure([f'config/{name}.py'])
     ffn = lambda c: (c.top_k * c.moe_hidden + c.shared_hidden, c.n_experts * c.moe_hidden + c.shared_hidden)
