@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import numpy as np
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -67,14 +68,14 @@ def main(argv):
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_check.json'))
     args = p.parse_args(argv)
     if args.device == 'cuda':
-        import torch
         if not torch.cuda.is_available():
             raise SystemExit('no CUDA device visible to torch; on a CPU run: python scripts/gpu_check.py --device=cpu --tiny')
     steps = args.steps or (8 if args.tiny else 300)
     common = [f'--device={args.device!r}'] + train_args(steps, args.tiny)
 
     t_start = time.time()
-    result = {'device': args.device, 'tiny': args.tiny, 'steps': steps, 'peak_flops': args.peak_flops, 'models': {}}
+    result = {'device': args.device, 'hardware': torch.cuda.get_device_name() if args.device == 'cuda' else train.cpu_name(),
+              'torch': torch.__version__, 'tiny': args.tiny, 'steps': steps, 'peak_flops': args.peak_flops, 'models': {}}
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = os.path.join(tmp, 'data')
         c = train.configure([os.path.join(REPO, 'config', 'moe.py')] + common)

@@ -123,6 +123,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert out.returncode == 0, out.stderr
     r = json.load(open(out_file))
     assert r == json.loads(out.stdout.strip().splitlines()[-1])
+    assert r['hardware'] == train.cpu_name() and r['torch'] == torch.__version__
     moe, dense = r['models']['moe'], r['models']['dense_active']
     assert r['moe_over_dense_active'] == moe['ms_per_step'] / dense['ms_per_step']
     for m in (moe, dense):
