@@ -3,7 +3,8 @@ that depends on the wall clock), exactly: on CPU a run is deterministic, so the 
 
     python scripts/same_log.py out/cpu_moe-s1 results/cpu/runs/cpu_moe-s1
 
-Prints the first differences and exits 1 if there are any, else one line and exit 0.
+Prints the first differences and how far the best val loss moved, and exits 1 if there are any, else one line
+and exit 0.
 """
 import json
 import os
@@ -28,6 +29,11 @@ def differences(log_a, log_b):
     return found
 
 
+def best_val(log):
+    """The last logged best_val: the run's best validation loss (None if it logged none)."""
+    return next((r['best_val'] for r in reversed(log) if 'best_val' in r), None)
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit('usage: python scripts/same_log.py RUN_DIR OTHER_RUN_DIR')
@@ -35,6 +41,9 @@ def main(argv):
     found = differences(log_a, log_b)
     if found:
         print(f'{len(found)} differences, the first:', *found[:10], sep='\n  ')
+        a, b = best_val(log_a), best_val(log_b)
+        if a is not None and b is not None:
+            print(f'best val loss: {a:.4f} -> {b:.4f} ({b - a:+.4f})')
         sys.exit(1)
     print(f'the same: {len(log_a)} log lines, every field but tok_per_s equal')
 

@@ -25,7 +25,7 @@ def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
     lines = [{'iter': 0, 'val_loss': 5.5, 'best_val': 5.5}, {'iter': 10, 'loss': 3.25, 'tok_per_s': 1000.0}]
     for name, tok_per_s, val_loss in (('a', 1000.0, 5.5), ('b', 2000.0, 5.5), ('c', 1000.0, 5.25)):
         (tmp_path / name).mkdir()
-        lines[0]['val_loss'], lines[1]['tok_per_s'] = val_loss, tok_per_s
+        lines[0]['val_loss'], lines[0]['best_val'], lines[1]['tok_per_s'] = val_loss, val_loss, tok_per_s
         (tmp_path / name / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
     def same(x, y):
         return subprocess.run([sys.executable, 'scripts/same_log.py', str(tmp_path / x), str(tmp_path / y)],
@@ -34,6 +34,7 @@ def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
     assert out.returncode == 0 and 'the same: 2 log lines' in out.stdout
     out = same('a', 'c')
     assert out.returncode == 1 and 'line 1: val_loss 5.5 != 5.25' in out.stdout
+    assert out.stdout.splitlines()[-1] == 'best val loss: 5.5000 -> 5.2500 (-0.2500)'
     out = same('a', 'missing')
     assert out.returncode == 1 and 'missing' in out.stderr and 'log.jsonl' in out.stderr
 
