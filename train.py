@@ -66,7 +66,7 @@ match_tol = 0.01          # largest allowed relative param mismatch of a matched
 # optimisation: 426.3M tokens in 6,505 steps of 64Ki; many steps matter more than big batches for MoE routers
 batch_size = 128          # sequences per micro-batch
 grad_accum = 1            # micro-batches per optimizer step
-max_tokens = 426_300_000  # token budget; iterations = max_tokens // tokens per step
+max_tokens = 426_300_000  # token budget; iterations = max_tokens / tokens per step, rounded up
 max_iters = 0             # if > 0, overrides max_tokens
 learning_rate = 2e-3
 min_lr = 2e-4             # cosine decay ends here (a tenth of the peak, as in LLaMA)

@@ -67,14 +67,15 @@ def main(argv):
     p.add_argument('--peak_flops', type=float, default=H200_BF16_DENSE_PEAK, help='for the MFU (default: H200 bf16)')
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_check.json'))
     args = p.parse_args(argv)
-    if args.device == 'cuda':
+    on_gpu = args.device.startswith('cuda')
+    if on_gpu:
         if not torch.cuda.is_available():
             raise SystemExit('no CUDA device visible to torch; on a CPU run: python scripts/gpu_check.py --device=cpu --tiny')
     steps = args.steps or (8 if args.tiny else 300)
     common = [f'--device={args.device!r}'] + train_args(steps, args.tiny)
 
     t_start = time.time()
-    result = {'device': args.device, 'hardware': torch.cuda.get_device_name() if args.device == 'cuda' else train.cpu_name(),
+    result = {'device': args.device, 'hardware': torch.cuda.get_device_name(args.device) if on_gpu else train.cpu_name(),
               'torch': torch.__version__, 'tiny': args.tiny, 'steps': steps, 'peak_flops': args.peak_flops, 'models': {}}
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = os.path.join(tmp, 'data')

@@ -332,7 +332,9 @@ def test_shipped_configs_have_the_readme_counts(name):
 def study_variants():
     """study.mk's VARIANTS, the MoE variants make study2 trains: each must keep cpu_moe's FFN size."""
     text = open(os.path.join(REPO, 'study.mk')).read().replace('\\\n', ' ')
-    names = re.search(r'^VARIANTS \?= (.*)$', text, re.M).group(1).split()
+    found = re.search(r'^VARIANTS \?= (.*)$', text, re.M)
+    assert found, 'study.mk has no "VARIANTS ?=" line'
+    names = found.group(1).split()
     assert len(names) >= 4, names
     return names
 
