@@ -71,7 +71,10 @@ $(NOISE_RUNS): out/noise_%/done.json: | data/tinystories_bytes/meta.json
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
-BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,cpu_moe cpu_dense_active cpu_dense_total,\
+# any config at these budgets, e.g. the shared expert at twice the budget (results/cpu/README.md): TINYSTORIES=FILE
+# OMP_NUM_THREADS=1 make -j2 BUDGETS=200 BUDGET_CONFIGS=cpu_moe_shared out/b200_cpu_moe_shared-s{1,2,3,4,5}/done.json
+BUDGET_CONFIGS ?= cpu_moe cpu_dense_active cpu_dense_total
+BUDGET_RUNS := $(foreach b,$(BUDGETS),$(foreach c,$(BUDGET_CONFIGS),\
 	$(foreach s,$(BUDGET_SEEDS),out/b$(b)_$(c)-s$(s)/done.json)))
 # the trio the variants are paired with; the committed report used seeds 6-10 of it retrained on the CPU that
 # trained the variants: VARIANT_BASE_RUNS='results/cpu/reruns/xeon/cpu_*'
