@@ -68,9 +68,8 @@ def main(argv):
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_check.json'))
     args = p.parse_args(argv)
     on_gpu = args.device.startswith('cuda')
-    if on_gpu:
-        if not torch.cuda.is_available():
-            raise SystemExit('no CUDA device visible to torch; on a CPU run: python scripts/gpu_check.py --device=cpu --tiny')
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit('no CUDA device visible to torch; on a CPU run: python scripts/gpu_check.py --device=cpu --tiny')
     steps = args.steps or (8 if args.tiny else 300)
     common = [f'--device={args.device!r}'] + train_args(steps, args.tiny)
 
