@@ -1,24 +1,19 @@
 """
-nanoGPT's configurator, made strict. Config files (Python, executed in order), then --key=value overrides
-(literal_eval, else a plain string), replace the defaults. Unknown keys and wrong types are errors that name
-the closest valid key, so a typo never silently falls back to a default.
+nanoGPT's configurator, made strict. Config files (Python, executed in order), then --key=value
+overrides (literal_eval, else a plain string), replace the defaults. Unknown keys and wrong types
+are errors that name the closest valid key, so a typo never silently falls back to a default.
 
     c = configure(defaults, ['config/cpu_moe.py', '--seed=2'])  # -> SimpleNamespace
-    check(c)  # train.py's rules across keys (ranges, combinations, the device), and the run's out_dir
+    check(c)  # train.py's rules across keys (ranges, combinations, the device); names the out_dir
 """
 import ast
 import difflib
 import os
-import sys
 import types
 
 import torch
 
-
-def die(msg):
-    """A user-fixable problem: one clear line, non-zero exit, nothing written."""
-    print(f'{os.path.basename(sys.argv[0]) or "train.py"}: error: {msg}', file=sys.stderr)
-    sys.exit(1)
+from plumbing import UserError
 
 
 def configure(defaults, argv):
@@ -28,25 +23,31 @@ def configure(defaults, argv):
     def set_key(key, value, where):
         if key not in cfg:
             close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.5)
-            die(f'unknown config key {key!r} in {where}' + (f'; did you mean {", ".join(close)}?' if close else ''))
+            hint = f'; did you mean {", ".join(close)}?' if close else ''
+            raise UserError(f'unknown config key {key!r} in {where}{hint}')
         default = defaults[key]
         if isinstance(default, float) and type(value) is int:
             value = float(value)  # an int where a float is expected is fine
-        ok = (value is None or type(value) is bool) if default is None else type(value) is type(default)
+        if default is None:
+            ok = value is None or type(value) is bool
+        else:
+            ok = type(value) is type(default)
         if not ok:
             want = 'True, False or None' if default is None else type(default).__name__
-            die(f'{key} must be {want}, got {value!r} ({type(value).__name__}) in {where}')
+            raise UserError(f'{key} must be {want}, got {value!r} ({type(value).__name__}) '
+                            f'in {where}')
         cfg[key] = value
 
     files = [a for a in argv if not a.startswith('--')]
     for path in files:
         if not os.path.isfile(path):
-            die(f'config file {path!r} not found (configs live in config/, e.g. config/cpu_moe.py)')
+            raise UserError(f'config file {path!r} not found (configs live in config/, '
+                            'e.g. config/cpu_moe.py)')
         namespace = {}
         try:
             exec(open(path).read(), namespace)
         except Exception as e:  # a config file is user code: report its error as one line
-            die(f'config file {path} failed: {type(e).__name__}: {e}')
+            raise UserError(f'config file {path} failed: {type(e).__name__}: {e}') from None
         for key, value in namespace.items():
             if not key.startswith('_') and not isinstance(value, types.ModuleType):
                 set_key(key, value, path)
@@ -54,7 +55,7 @@ def configure(defaults, argv):
         if arg.startswith('--'):
             key, eq, text = arg[2:].partition('=')
             if not eq:
-                die(f'override {arg!r} must look like --key=value')
+                raise UserError(f'override {arg!r} must look like --key=value')
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
@@ -66,44 +67,62 @@ def configure(defaults, argv):
     return c
 
 
+POSITIVE = ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_multiple_of',
+            'n_experts', 'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens',
+            'log_interval', 'ckpt_interval')
+NOT_NEGATIVE = ('seed', 'data_seed',  # numpy's generator takes seed 0, no negative one
+                'bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult')
+
+
 def check(c):
-    """The rules of train.py's config that no single value's type can say; also names the run's out_dir."""
-    run_name = f'{c.config_name}-s{c.seed}' + (f'-d{c.data_seed}' if c.data_seed else '')
+    """The rules of train.py's config that no single value's type can say; also names the run's
+    out_dir."""
+    run_name = f'{c.config_name}-s{c.seed}'
+    if c.data_seed:
+        run_name += f'-d{c.data_seed}'
     c.out_dir = c.out_dir or os.path.join('out', run_name)
     for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
         if getattr(c, key) not in allowed:
-            die(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
-    for key in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_multiple_of', 'n_experts',
-                'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens', 'log_interval',
-                'ckpt_interval', 'seed', 'data_seed'):
-        low = 0 if 'seed' in key else 1  # numpy's generator takes seed 0, no negative one
-        if getattr(c, key) < low:
-            die(f'{key} must be {"positive" if low else ">= 0"}, got {getattr(c, key)}')
-    if c.device != 'auto':
-        try:
-            torch.device(c.device)
-        except RuntimeError:
-            die(f"device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', got {c.device!r}")
-        if c.device.startswith('cuda') and not torch.cuda.is_available():
-            die(f'device={c.device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+            raise UserError(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
+    for key in POSITIVE:
+        if getattr(c, key) < 1:
+            raise UserError(f'{key} must be positive, got {getattr(c, key)}')
+    for key in NOT_NEGATIVE:
+        if getattr(c, key) < 0:
+            raise UserError(f'{key} must be >= 0, got {getattr(c, key)}')
+    check_device(c.device)
     world = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's processes
     if c.grad_accum % world:
-        die(f'grad_accum ({c.grad_accum}) must be a multiple of the number of processes ({world}): '
-            'each process takes its share of the micro-batches of every step')
+        raise UserError(f'grad_accum ({c.grad_accum}) must be a multiple of the number of '
+                        f'processes ({world}): each process takes its share of the micro-batches '
+                        'of every step')
     if c.max_iters < 0 or not (c.max_iters or c.max_tokens > 0):
-        die('nothing to train: set max_tokens or max_iters > 0')
-    if c.ckpt_interval % c.log_interval:  # a resumed run then starts on a log line, and its log lines match
-        die(f'ckpt_interval ({c.ckpt_interval}) must be a multiple of log_interval ({c.log_interval})')
+        raise UserError('nothing to train: set max_tokens or max_iters > 0')
+    # a resumed run then starts on a log line, and its log lines match an uninterrupted run's
+    if c.ckpt_interval % c.log_interval:
+        raise UserError(f'ckpt_interval ({c.ckpt_interval}) must be a multiple of log_interval '
+                        f'({c.log_interval})')
     if c.match and (c.ffn != 'dense' or c.ffn_hidden):
-        die("match = 'active' | 'total' sizes a dense FFN: use it with ffn = 'dense' and without ffn_hidden")
+        raise UserError("match = 'active' | 'total' sizes a dense FFN: use it with ffn = 'dense' "
+                        'and without ffn_hidden')
     if c.d_model % c.n_head or (c.d_model // c.n_head) % 2:
-        die(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even size (RoPE rotates pairs)')
+        raise UserError(f'd_model ({c.d_model}) must split into n_head ({c.n_head}) heads of even '
+                        'size (RoPE rotates pairs)')
     if c.ffn == 'dense' and not c.match and c.ffn_hidden <= 0:
-        die("a dense config needs ffn_hidden > 0 or match = 'active' | 'total'")
-    for key in ('bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult'):
-        if getattr(c, key) < 0:
-            die(f'{key} must be >= 0, got {getattr(c, key)}')
+        raise UserError("a dense config needs ffn_hidden > 0 or match = 'active' | 'total'")
     if c.ffn != 'moe' and c.bias_rate:  # (the other MoE keys size a matched dense model)
-        die('bias_rate balances MoE routers: use it with ffn = moe')
+        raise UserError('bias_rate balances MoE routers: use it with ffn = moe')
     if not 1 <= c.top_k <= c.n_experts:
-        die(f'top_k must be between 1 and n_experts ({c.n_experts}), got {c.top_k}')
+        raise UserError(f'top_k must be between 1 and n_experts ({c.n_experts}), got {c.top_k}')
+
+
+def check_device(device):
+    if device == 'auto':
+        return
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise UserError("device must be 'auto', 'cpu', 'cuda' or e.g. 'cuda:1', "
+                        f'got {device!r}') from None
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        raise UserError(f'device={device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')

@@ -1,12 +1,13 @@
 """Tokenise TinyStories into flat uint16 token files for train.py.
 
-    python prepare.py                                    # HF hub: roneneldan/TinyStories, gpt2 BPE
+    python prepare.py                             # HF hub: roneneldan/TinyStories, gpt2 BPE
     python prepare.py --hf_stories 5510 --tokenizer bytes --out_dir data/tinystories_bytes
     python prepare.py --input stories.txt --tokenizer bytes --out_dir data/ts_bytes
 
---hf_stories N streams N stories, split as a local file of N stories would be (the CPU route's data, from
-the hub, without the 2 GB download): N - n_val train stories from the head of the hub's train split and
-n_val val stories from the head of its validation split (a local file gives its last n_val stories to val).
+--hf_stories N streams N stories, split as a local file of N stories would be (the CPU route's
+data, from the hub, without the 2 GB download): N - n_val train stories from the head of the hub's
+train split and n_val val stories from the head of its validation split (a local file gives its
+last n_val stories to val).
 
 Writes <out_dir>/train.bin and val.bin (np.uint16, every story followed by the EOT id) and
 meta.json (tokenizer, vocab_size, eot_id, counts, and the arguments that produced them).
@@ -26,6 +27,8 @@ from multiprocessing import Pool
 
 import numpy as np
 from tqdm import tqdm
+
+from plumbing import UserError, one_line_errors
 
 HF_DATASET = "roneneldan/TinyStories"
 # in the release text format, a story ends with a line that is exactly this (CRLF tolerated)
@@ -75,15 +78,6 @@ def get_tokenizer(name):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-class UserError(Exception):
-    """Something the user can fix; main() reports it as one line and exits 1."""
-
-
-def die(msg, code=1):
-    print(f"prepare.py: error: {msg}", file=sys.stderr)
-    sys.exit(code)
-
 
 def split_stories(text):
     """Release format -> list of stories: split on the end lines, strip, drop empty ones."""
@@ -153,7 +147,7 @@ def write_split(f, stories, args, desc):
     n_tokens = n_stories = 0
     with tqdm(total=len(stories), desc=desc, unit="stories") as bar:
         if args.num_proc == 1:
-            results = map(tokenize_chunk, chunks)  # _tok is set in this process by main()
+            results = map(tokenize_chunk, chunks)  # _tok is set in this process by prepare()
         else:
             pool = Pool(args.num_proc, initializer=_init_worker, initargs=(args.tokenizer,))
             results = pool.imap(tokenize_chunk, chunks)  # imap keeps the input order
@@ -170,11 +164,12 @@ def write_split(f, stories, args, desc):
 
 
 def load_hub(args):
-    """-> (train, val, source) from HF_DATASET: all of it, or with --hf_stories N the split sizes a local file
-    of N stories would give, from the head of the hub's train and validation splits."""
+    """-> (train, val, source) from HF_DATASET: all of it, or with --hf_stories N the split sizes a
+    local file of N stories would give, from the head of the hub's train and validation splits."""
     import datasets
     import huggingface_hub
-    huggingface_hub.utils.logging.set_verbosity_error()  # its retry warnings would bury our one-line error
+    # its retry warnings would bury our one-line error
+    huggingface_hub.utils.logging.set_verbosity_error()
     if args.hf_stories is None:
         ds = datasets.load_dataset(HF_DATASET)
         # ds["text"] is a lazy column (datasets>=3): chunks are read from the Arrow file as needed
@@ -183,14 +178,16 @@ def load_hub(args):
     # (~25 s when huggingface.co does not resolve, minutes when connections hang)
     huggingface_hub.dataset_info(HF_DATASET, timeout=10)
 
-    def head(split, n):  # streamed: only these n stories are downloaded
-        return [row["text"] for row in
-                itertools.islice(datasets.load_dataset(HF_DATASET, split=split, streaming=True), n)]
+    def head(split, n):
+        """The first n stories of a split, streamed: only these n are downloaded."""
+        stream = datasets.load_dataset(HF_DATASET, split=split, streaming=True)
+        return [row["text"] for row in itertools.islice(stream, n)]
 
     n_val = val_count(args.hf_stories, args.val_fraction)
-    train, val = head("train", args.hf_stories - n_val), head("validation", n_val)
-    if (len(train), len(val)) != (args.hf_stories - n_val, n_val):
-        raise UserError(f"--hf_stories {args.hf_stories} needs {args.hf_stories - n_val} train and {n_val} "
+    n_train = args.hf_stories - n_val
+    train, val = head("train", n_train), head("validation", n_val)
+    if (len(train), len(val)) != (n_train, n_val):
+        raise UserError(f"--hf_stories {args.hf_stories} needs {n_train} train and {n_val} "
                         f"validation stories, {HF_DATASET} gave {len(train)} and {len(val)}; "
                         "pass a smaller --hf_stories or --val_fraction")
     return train, val, (f"huggingface:{HF_DATASET} (first {len(train)} train stories, "
@@ -211,7 +208,8 @@ def load_splits(args):
                             "--input FILE (make: TINYSTORIES=FILE)") from None
     stories = read_stories(args.input)
     if args.val_input is not None:
-        return stories, read_stories(args.val_input), f"{args.input} (train), {args.val_input} (val)"
+        source = f"{args.input} (train), {args.val_input} (val)"
+        return stories, read_stories(args.val_input), source
     if len(stories) < 2:
         raise UserError(f"{args.input} has {len(stories)} story; need at least 2 to split off "
                         "a validation set (or pass --val_input)")
@@ -233,31 +231,44 @@ def already_prepared(out_dir, run_args):
         return False
 
 
+def bin_problem(path, n_tokens, vocab_size):
+    """What is wrong with a .bin file that meta.json says holds n_tokens tokens, or None."""
+    size = os.path.getsize(path)
+    if size != 2 * n_tokens:
+        return f"has {size} bytes but meta.json says {n_tokens} uint16 tokens: truncated or corrupt"
+    top = int(np.memmap(path, dtype=np.uint16, mode="r").max())
+    # an out-of-vocab id would crash the run midway (on CUDA: a device-side assert)
+    if top >= vocab_size:
+        return f"holds token id {top} >= vocab_size {vocab_size}: it does not match its meta.json"
+    return None
+
+
 def check_prepared(out_dir, vocab_size, block_size):
-    """For train.py: the meta.json of the data in out_dir, after checking its files against a run's vocab_size and
-    block_size. Raises UserError naming the first problem and the fix."""
+    """For train.py: the meta.json of the data in out_dir, after checking its files against a run's
+    vocab_size and block_size. Raises UserError naming the first problem and the fix."""
     path = {name: os.path.join(out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
-    prep = f"python prepare.py --out_dir {out_dir}" + " --hf_stories 5510 --tokenizer bytes" * (vocab_size == 257)
-    if not all(map(os.path.isfile, path.values())):
-        raise UserError(f"{next(p for p in path.values() if not os.path.isfile(p))} not found; prepare the data "
-                        f"first: {prep} (or --input FILE --tokenizer bytes for a local TinyStories text file)")
+    prep = f"python prepare.py --out_dir {out_dir}"
+    if vocab_size == 257:  # the bytes tokenizer: the CPU recipe's data
+        prep += " --hf_stories 5510 --tokenizer bytes"
+    missing = [p for p in path.values() if not os.path.isfile(p)]
+    if missing:
+        raise UserError(f"{missing[0]} not found; prepare the data first: {prep} "
+                        "(or --input FILE --tokenizer bytes for a local TinyStories text file)")
     try:
         meta = json.load(open(path["meta.json"]))
-        counts, data_vocab = {split: meta[f"{split}_tokens"] for split in ("train", "val")}, meta["vocab_size"]
+        counts = {split: meta[f"{split}_tokens"] for split in ("train", "val")}
+        data_vocab = meta["vocab_size"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path['meta.json']} is corrupt ({e!r}); rerun {prep} --force")
     if data_vocab != vocab_size:
-        raise UserError(f"the data in {out_dir} has vocab_size {data_vocab} ({meta.get('tokenizer')} tokenizer) but "
-                        f"the config says {vocab_size}: use a config made for this data (cpu_* for bytes) or set "
-                        "vocab_size")
-    for split, n in counts.items():  # the first problem of each split, if any, in one message
+        raise UserError(f"the data in {out_dir} has vocab_size {data_vocab} "
+                        f"({meta.get('tokenizer')} tokenizer) but the config says {vocab_size}: "
+                        "use a config made for this data (cpu_* for bytes) or set vocab_size")
+    for split, n in counts.items():
         if n < block_size + 1:
-            raise UserError(f"{split} split has {n} tokens, fewer than block_size + 1 = {block_size + 1}")
-        size = os.path.getsize(path[f"{split}.bin"])
-        top = int(np.memmap(path[f"{split}.bin"], dtype=np.uint16, mode="r").max()) if size == 2 * n else 0
-        problem = (f"has {size} bytes but meta.json says {n} uint16 tokens: truncated or corrupt" if size != 2 * n else
-                   f"holds token id {top} >= vocab_size {vocab_size}: it does not match its meta.json"
-                   if top >= vocab_size else None)  # an out-of-vocab id would crash (on CUDA: assert) mid-run
+            raise UserError(f"{split} split has {n} tokens, "
+                            f"fewer than block_size + 1 = {block_size + 1}")
+        problem = bin_problem(path[f"{split}.bin"], n, vocab_size)
         if problem:
             raise UserError(f"{path[f'{split}.bin']} {problem}; rerun {prep} --force")
     return meta
@@ -265,13 +276,16 @@ def check_prepared(out_dir, vocab_size, block_size):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--input", help="local TinyStories-format text file (default: the HF hub dataset)")
-    p.add_argument("--val_input", help="validation text file (with --input; else split off the tail)")
+    p.add_argument("--input",
+                   help="local TinyStories-format text file (default: the HF hub dataset)")
+    p.add_argument("--val_input",
+                   help="validation text file (with --input; else split off the tail)")
     p.add_argument("--hf_stories", type=int, metavar="N",
-                   help="from the HF hub, only what a local file of N stories would give (streamed)")
+                   help="from the HF hub, only what a local file of N stories would give "
+                        "(streamed)")
     p.add_argument("--val_fraction", type=float, default=0.05,
-                   help="fraction of --input (or --hf_stories) stories used as val: the last ones of the "
-                        "file, the first of the hub's validation split (default 0.05)")
+                   help="fraction of --input (or --hf_stories) stories used as val: the last ones "
+                        "of the file, the first of the hub's validation split (default 0.05)")
     p.add_argument("--tokenizer", default="gpt2", choices=list(TOKENIZERS))
     p.add_argument("--out_dir", default="data/tinystories")
     p.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenising processes")
@@ -281,13 +295,15 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    """The command line. A UserError passes through to the entry point, which prints it as one line;
+    Ctrl-C becomes one line here, and exit status 130 (128 + SIGINT), as shells report it."""
     args = parse_args(argv)
     try:
         prepare(args)
-    except UserError as e:
-        die(str(e))
     except KeyboardInterrupt:
-        die("interrupted (temporary files removed)", code=130)
+        # prepare() has removed its temporary files on the way out
+        print("prepare.py: error: interrupted (temporary files removed)", file=sys.stderr)
+        sys.exit(130)
 
 
 def prepare(args):
@@ -298,21 +314,25 @@ def prepare(args):
     if args.val_input is not None and args.input is None:
         raise UserError("--val_input needs --input")
     if args.hf_stories is not None and args.input is not None:
-        raise UserError("--hf_stories takes the stories from the hub, --input from a file; pass only one")
+        raise UserError("--hf_stories takes the stories from the hub, --input from a file; "
+                        "pass only one")
     if args.hf_stories is not None and args.hf_stories < 2:
-        raise UserError(f"--hf_stories must be at least 2 (a train and a val story), got {args.hf_stories}")
+        raise UserError("--hf_stories must be at least 2 (a train and a val story), "
+                        f"got {args.hf_stories}")
     for path in filter(None, (args.input, args.val_input)):
+        if os.path.isdir(path):
+            raise UserError(f"{path} is a directory; --input/--val_input take a text file")
         if not os.path.isfile(path):
-            raise UserError(f"{path} is a directory; --input/--val_input take a text file"
-                            if os.path.isdir(path) else f"input file {path} not found")
+            raise UserError(f"input file {path} not found")
 
     # everything that determines the output; val_fraction only matters when it is used
+    uses_val_fraction = (args.input or args.hf_stories) and not args.val_input
     run_args = {
         "tokenizer": args.tokenizer,
         "input": file_key(args.input) if args.input else None,
         "val_input": file_key(args.val_input) if args.val_input else None,
         "hf_stories": args.hf_stories,
-        "val_fraction": args.val_fraction if (args.input or args.hf_stories) and not args.val_input else None,
+        "val_fraction": args.val_fraction if uses_val_fraction else None,
     }
     if not args.force and already_prepared(args.out_dir, run_args):
         print(f"{args.out_dir} is already prepared with these arguments (pass --force to redo)")
@@ -335,7 +355,8 @@ def prepare(args):
     if not os.access(args.out_dir, os.W_OK):
         raise UserError(f"--out_dir {args.out_dir} is not writable")
 
-    final = {name: os.path.join(args.out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
+    names = ("train.bin", "val.bin", "meta.json")
+    final = {name: os.path.join(args.out_dir, name) for name in names}
     tmp = {name: path + ".tmp" for name, path in final.items()}
     t0 = time.time()
     try:
@@ -359,7 +380,7 @@ def prepare(args):
         # while meta.json would still describe the old ones. No meta.json = not prepared.
         if os.path.exists(final["meta.json"]):
             os.remove(final["meta.json"])
-        for name in ("train.bin", "val.bin", "meta.json"):
+        for name in names:
             os.replace(tmp[name], final[name])
     finally:  # on success nothing is left to remove; on any error or Ctrl-C, no partial files
         for path in tmp.values():
@@ -370,9 +391,11 @@ def prepare(args):
     print(f"train: {meta['train_tokens']:,} tokens, {meta['train_stories']:,} stories")
     print(f"val:   {meta['val_tokens']:,} tokens, {meta['val_stories']:,} stories")
     rate = total / max(seconds, 1e-9)
-    print(f"{tok.name}: {rate:,.0f} tokens/s with {args.num_proc} processes; wrote {', '.join(final.values())}")
+    wrote = ", ".join(final.values())
+    print(f"{tok.name}: {rate:,.0f} tokens/s with {args.num_proc} processes; wrote {wrote}")
     return {"tokens": total, "tokens_per_s": rate}
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors("prepare.py"):
+        main()

@@ -13,22 +13,19 @@ import types
 
 import torch
 
+from plumbing import UserError, load_checkpoint, one_line_errors
 from prepare import get_tokenizer
-from train import DEFAULTS, Transformer, load_checkpoint
-
-
-def die(msg):
-    print(f'sample.py: error: {msg}', file=sys.stderr)
-    sys.exit(1)
+from train import DEFAULTS, Transformer
 
 
 def newest_run():
-    """The run folder in out/ whose done.json (written when training finishes) is the newest, with a best.pt."""
+    """The run folder in out/ whose done.json (written when training finishes) is the newest, with
+    a best.pt."""
     finished = [p for p in glob.glob(os.path.join('out', '*', 'done.json'))
                 if os.path.isfile(os.path.join(os.path.dirname(p), 'best.pt'))]
     if not finished:
-        die('no finished run in out/; train one first: make cpu (or python train.py config/cpu_moe.py --seed=1), '
-            'or pass --out_dir RUN')
+        raise UserError('no finished run in out/; train one first: make cpu (or python train.py '
+                        'config/cpu_moe.py --seed=1), or pass --out_dir RUN')
     return os.path.dirname(max(finished, key=os.path.getmtime))
 
 
@@ -36,28 +33,31 @@ def load_model(out_dir, device):
     """The best checkpoint of a run, rebuilt from the config stored inside it, and its tokenizer."""
     path = os.path.join(out_dir, 'best.pt')
     if not os.path.isfile(path):
-        die(f'no checkpoint at {path}; train one first (e.g. python train.py config/cpu_moe.py --seed=1) '
-            'or point --out_dir at a run folder')
+        raise UserError(f'no checkpoint at {path}; train one first (e.g. python train.py '
+                        'config/cpu_moe.py --seed=1) or point --out_dir at a run folder')
+    ckpt = load_checkpoint(path)
     try:
-        ckpt = load_checkpoint(path)
-        model = Transformer(types.SimpleNamespace(**{**DEFAULTS, **ckpt['config']}))  # newer keys: their defaults
+        # keys newer than the checkpoint take their defaults
+        model = Transformer(types.SimpleNamespace(**{**DEFAULTS, **ckpt['config']}))
         model.load_state_dict(ckpt['model'])
         name = ckpt['meta']['tokenizer']
-    except Exception as e:  # whatever is wrong with the file, the fix is the same: another checkpoint
-        die(f'{path} is not a usable tinymoe checkpoint for this code ({type(e).__name__}: '
-            f'{" ".join(str(e).split())[:200]})')  # one line, however long the error
+    except Exception as e:  # whatever is wrong with the file, the fix is the same: another one
+        reason = ' '.join(str(e).split())[:200]  # one line, however long the error
+        raise UserError(f'{path} is not a usable tinymoe checkpoint for this code '
+                        f'({type(e).__name__}: {reason})') from None
     try:
         tok = get_tokenizer(name)
     except (OSError, ValueError) as e:  # tiktoken could not fetch its BPE files
-        die(f'cannot load the {name!r} tokenizer of this run ({type(e).__name__}); for gpt2 offline, set '
-            'TIKTOKEN_CACHE_DIR to a folder with the BPE files')
+        raise UserError(f'cannot load the {name!r} tokenizer of this run ({type(e).__name__}); '
+                        'for gpt2 offline, set TIKTOKEN_CACHE_DIR to a folder with the BPE '
+                        'files') from None
     return model.to(device).eval(), tok
 
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=None):
-    """Extend idx (1, T) token by token. temperature 0 is greedy; top_k keeps the k most likely tokens. Stops early
-    after emitting stop_id."""
+    """Extend idx (1, T) token by token. temperature 0 is greedy; top_k keeps the k most likely
+    tokens. Stops early after emitting stop_id."""
     for _ in range(max_new_tokens):
         logits = model(idx[:, -model.block_size:])[0][:, -1, :].float()
         if temperature == 0:
@@ -75,37 +75,44 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=No
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--out_dir', help='run folder holding best.pt (default: the most recently finished run in out/)')
-    p.add_argument('--start', default='', help='prompt text, or FILE:path; empty starts a fresh story')
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--out_dir', help='run folder holding best.pt (default: the most recently '
+                   'finished run in out/)')
+    p.add_argument('--start', default='',
+                   help='prompt text, or FILE:path; empty starts a fresh story')
     p.add_argument('--num_samples', type=int, default=2)
     p.add_argument('--max_new_tokens', type=int, default=500)
     p.add_argument('--temperature', type=float, default=0.8, help='0 = greedy')
-    p.add_argument('--top_k', type=int, default=200, help='sample among the top_k most likely tokens')
+    p.add_argument('--top_k', type=int, default=200,
+                   help='sample among the top_k most likely tokens')
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = p.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
-        die('--device cuda but torch sees no CUDA GPU; use --device cpu')
+        raise UserError('--device cuda but torch sees no CUDA GPU; use --device cpu')
     if args.out_dir is None:
         args.out_dir = newest_run()
-        print(f'sample.py: sampling from {args.out_dir} (the most recently finished run in out/)', file=sys.stderr)
+        print(f'sample.py: sampling from {args.out_dir} (the most recently finished run in out/)',
+              file=sys.stderr)
 
     start = args.start
     if start.startswith('FILE:'):
         try:
             start = open(start[5:], encoding='utf-8').read()
         except (OSError, UnicodeDecodeError) as e:
-            die(f'cannot read the prompt file {start[5:]!r}: {e}')
+            raise UserError(f'cannot read the prompt file {start[5:]!r}: {e}') from None
     torch.manual_seed(args.seed)
     model, tok = load_model(args.out_dir, args.device)
-    # stories are separated by EOT in training, so EOT + prompt means "a story that begins like this"
+    # stories are separated by EOT in training: EOT + prompt means "a story that begins like this"
     prompt = torch.tensor([[tok.eot_id] + tok.encode(start)], device=args.device)
     for _ in range(args.num_samples):
-        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, stop_id=tok.eot_id)
+        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                       stop_id=tok.eot_id)
         print(tok.decode([i for i in out[0, 1:].tolist() if i != tok.eot_id]))
         print('---------------')
 
 
 if __name__ == '__main__':
-    main()
+    with one_line_errors('sample.py'):
+        main()

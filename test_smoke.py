@@ -1,5 +1,6 @@
-"""The smoke test: prepare -> train -> sample end to end on tiny made-up stories, dense and MoE, and what a run
-writes. Shared helpers live in tests/conftest.py; the unit tests in tests/. CPU only."""
+"""The smoke test: prepare -> train -> sample end to end on tiny made-up stories, dense and MoE, and
+what a run writes. Shared helpers live in tests/conftest.py (its fixtures reach this file through
+the conftest.py beside it); the unit tests in tests/. CPU only."""
 import importlib.util
 import json
 import math
@@ -13,33 +14,41 @@ import torch
 
 import sample
 import train
-from tests.conftest import REPO, TINY, config, prepared, run  # noqa: F401 (prepared is a fixture)
+from tests.conftest import REPO, TINY, config, run
 
 
 @pytest.mark.parametrize('cfg', ['cpu_moe', 'cpu_dense_active', 'cpu_moe_top1_nolb'])
 def test_prepare_train_sample_end_to_end(prepared, cfg):
     out_dir = prepared / cfg
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
+    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
+              f'--out_dir={out_dir}', *TINY)
     assert out.returncode == 0, out.stderr
     log = [json.loads(line) for line in open(out_dir / 'log.jsonl')]
     evals = [r for r in log if 'val_loss' in r]
     assert [r['iter'] for r in evals] == [0, 20, 40]
-    assert evals[0]['val_loss'] == pytest.approx(math.log(257), abs=0.1)  # uniform over 257 bytes at init
-    assert evals[-1]['val_loss'] < 0.6 * evals[0]['val_loss']  # synthetic stories are easy: it must learn
+    # uniform over 257 bytes at init
+    assert evals[0]['val_loss'] == pytest.approx(math.log(257), abs=0.1)
+    # synthetic stories are easy: it must learn
+    assert evals[-1]['val_loss'] < 0.6 * evals[0]['val_loss']
     assert evals[-1]['best_val'] == min(r['val_loss'] for r in evals)
     steps = [r for r in log if 'ce' in r]
     assert [r['iter'] for r in steps] == [10, 20, 30, 40]
     assert all({'iter', 'tokens', 'loss', 'ce', 'lr', 'tok_per_s'} <= r.keys() for r in steps)
     assert all(('lb' in r) == cfg.startswith('cpu_moe') for r in steps)
     lb_coef = 0.0 if cfg == 'cpu_moe_top1_nolb' else 0.01
-    for r in steps:  # the logged training loss is CE plus the weighted aux losses
-        assert r['loss'] == pytest.approx(r['ce'] + lb_coef * r.get('lb', 0) + 0.001 * r.get('z', 0), rel=1e-5)
-    routing = ('load', 'busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac', 'layers')
-    for r in log:  # MoE runs log routing health on every eval and training line; dense runs none of it
+    # the logged training loss is CE plus the weighted aux losses
+    for r in steps:
+        assert r['loss'] == pytest.approx(
+            r['ce'] + lb_coef * r.get('lb', 0) + 0.001 * r.get('z', 0), rel=1e-5)
+    routing = ('load', 'busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac',
+               'layers')
+    # MoE runs log routing health on every eval and training line; dense runs none of it
+    for r in log:
         assert all((key in r) == cfg.startswith('cpu_moe') for key in routing)
         if 'layers' in r:
             assert len(r['layers']) == 2 and sum(r['load']) == pytest.approx(1.0)
-            assert 0.25 <= r['busiest_frac'] <= 1.0 and 0 <= r['router_entropy'] <= math.log(4) + 1e-6
+            assert (0.25 <= r['busiest_frac'] <= 1.0
+                    and 0 <= r['router_entropy'] <= math.log(4) + 1e-6)
     saved = json.load(open(out_dir / 'config.json'))
     assert saved['config_name'] == cfg and saved['params']['total'] > 0
     assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()
@@ -51,20 +60,24 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
     samples = out.stdout.split('---------------')[:2]
     assert len(samples) == 2
     for text in samples:  # the prompt, continued by the model
-        assert text.strip().startswith('once upon a time') and len(text.strip()) > len('once upon a time') + 20
+        assert (text.strip().startswith('once upon a time')
+                and len(text.strip()) > len('once upon a time') + 20)
 
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
-    assert out.returncode != 0 and 'already holds a run' in out.stderr  # nothing overwritten
+    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
+              f'--out_dir={out_dir}', *TINY)
+    # nothing overwritten
+    assert out.returncode != 0 and 'already holds a run' in out.stderr
 
 
 def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
-    """scripts/seed_noise.py's validation-set standard error rests on per-window losses of best.pt: their mean
-    is the best val_loss train.py logged, and they differ from window to window."""
+    """scripts/seed_noise.py's validation-set standard error rests on per-window losses of best.pt:
+    their mean is the best val_loss train.py logged, and they differ from window to window."""
     out_dir = prepared / 'cpu_moe'
     if not (out_dir / 'done.json').exists():
-        assert run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}',
-                   *TINY).returncode == 0
-    spec = importlib.util.spec_from_file_location('seed_noise', os.path.join(REPO, 'scripts', 'seed_noise.py'))
+        assert run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}',
+                   f'--out_dir={out_dir}', *TINY).returncode == 0
+    spec = importlib.util.spec_from_file_location(
+        'seed_noise', os.path.join(REPO, 'scripts', 'seed_noise.py'))
     seed_noise = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(seed_noise)
     losses = seed_noise.window_losses(str(out_dir))
@@ -73,22 +86,27 @@ def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
 
     # its table: each group's runs, and the active gap as dense_active - moe, run by run
     rng = random.Random(0)
-    best = {(cfg, i, d): 1 + rng.random() for cfg in seed_noise.CONFIGS for i in range(1, 6) for d in range(1, 6)}
+    best = {(cfg, i, d): 1 + rng.random()
+            for cfg in seed_noise.CONFIGS for i in range(1, 6) for d in range(1, 6)}
     rows = seed_noise.noise_table(best)
     init = rows['init varies (data order of seed 1)']
-    assert init['cpu_moe'] == pytest.approx(statistics.stdev(best[('cpu_moe', i, 1)] for i in (1, 2, 3)))
+    assert init['cpu_moe'] == pytest.approx(
+        statistics.stdev(best[('cpu_moe', i, 1)] for i in (1, 2, 3)))
     data_gaps = [best[('cpu_dense_active', 1, d)] - best[('cpu_moe', 1, d)] for d in (1, 2, 3)]
     data = rows['data order varies (init of seed 1)']
     assert data['active_gap'] == pytest.approx(statistics.stdev(data_gaps))
     assert data['active_gap_mean'] == pytest.approx(statistics.mean(data_gaps))
     assert rows['both vary (seeds 1-5)']['runs'] == 5
 
-    # leaving the plateau: the first logged step with training CE below the threshold, beside the best val
+    # leaving the plateau: the first logged step with training CE below the threshold,
+    # beside the best val
     ces = [json.loads(line) for line in open(out_dir / 'log.jsonl') if '"ce"' in line]
     threshold = (ces[0]['ce'] + ces[1]['ce']) / 2  # the run learns: the second log line is below it
     assert ces[1]['ce'] < threshold
-    assert (ces[1]['iter'], logged) in seed_noise.plateau_escapes(str(prepared), threshold)['cpu_moe']
-    assert (None, logged) in seed_noise.plateau_escapes(str(prepared), 0.0)['cpu_moe']  # never below 0
+    assert ((ces[1]['iter'], logged)
+            in seed_noise.plateau_escapes(str(prepared), threshold)['cpu_moe'])
+    # never below 0
+    assert (None, logged) in seed_noise.plateau_escapes(str(prepared), 0.0)['cpu_moe']
 
 
 class FixedLogits(torch.nn.Module):
@@ -99,17 +117,21 @@ class FixedLogits(torch.nn.Module):
         return torch.tensor([2.0, 1.0, 0.0, -1.0]).expand(*idx.shape, 4), None, {}
 
 
-@pytest.mark.parametrize('temperature, top_k', [(0, None), (1.0, 1), (1.0, 2), (0.5, None), (2.0, None), (2.0, 3)])
+@pytest.mark.parametrize('temperature, top_k',
+                         [(0, None), (1.0, 1), (1.0, 2), (0.5, None), (2.0, None), (2.0, 3)])
 def test_sampling_follows_temperature_and_top_k(temperature, top_k):
-    """20,000 one-token samples: the frequencies are softmax(logits / temperature) over the top_k logits."""
+    """20,000 one-token samples: the frequencies are softmax(logits / temperature) over the top_k
+    logits."""
     torch.manual_seed(0)
-    out = sample.generate(FixedLogits(), torch.zeros(20_000, 1, dtype=torch.long), 1, temperature, top_k)[:, -1]
+    out = sample.generate(FixedLogits(), torch.zeros(20_000, 1, dtype=torch.long), 1,
+                          temperature, top_k)[:, -1]
     freq = torch.bincount(out, minlength=4).float() / len(out)
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     if temperature == 0:
         expected = torch.tensor([1.0, 0, 0, 0])
     else:
-        expected = torch.cat([(logits[:top_k or 4] / temperature).softmax(0), torch.zeros(4 - (top_k or 4))])
+        expected = torch.cat([(logits[:top_k or 4] / temperature).softmax(0),
+                              torch.zeros(4 - (top_k or 4))])
     assert torch.equal(freq == 0, expected == 0)  # nothing outside the top_k, ever
     torch.testing.assert_close(freq, expected, rtol=0, atol=0.015)  # 4 standard errors at most
 
@@ -118,8 +140,10 @@ def test_greedy_sampling_is_deterministic(prepared):
     out_dir = prepared / 'cpu_moe'
     if not (out_dir / 'best.pt').exists():
         pytest.skip('needs the end-to-end MoE run')
-    a = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40', '--num_samples=1', '--seed=1')
-    b = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40', '--num_samples=1', '--seed=9')
+    a = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40',
+            '--num_samples=1', '--seed=1')
+    b = run('sample.py', f'--out_dir={out_dir}', '--temperature=0', '--max_new_tokens=40',
+            '--num_samples=1', '--seed=9')
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
@@ -127,36 +151,42 @@ def test_sample_defaults_to_the_newest_finished_run(prepared, tmp_path):
     """No --out_dir: the run in out/ with the newest done.json and a best.pt, named on stderr."""
     if not all((prepared / cfg / 'done.json').exists() for cfg in ('cpu_moe', 'cpu_dense_active')):
         pytest.skip('needs the end-to-end MoE and dense runs')
-    sample = (os.path.join(REPO, 'sample.py'), '--temperature=0', '--max_new_tokens=40', '--num_samples=1')
+    sample = (os.path.join(REPO, 'sample.py'), '--temperature=0', '--max_new_tokens=40',
+              '--num_samples=1')
     out_root = tmp_path / 'out'
-    (out_root / 'unfinished').mkdir(parents=True)  # decoys, made the newest below: no done.json, no best.pt
+    # decoys, made the newest below: no done.json, no best.pt
+    (out_root / 'unfinished').mkdir(parents=True)
     (out_root / 'no_best').mkdir()
     (out_root / 'no_best' / 'done.json').write_text('{}')
     shutil.copy(prepared / 'cpu_moe' / 'best.pt', out_root / 'unfinished')
     out = run(*sample, cwd=tmp_path)
     assert out.returncode != 0 and out.stdout == '' and out.stderr.count('\n') == 1
-    assert 'no finished run in out/' in out.stderr and 'make cpu' in out.stderr and '--out_dir' in out.stderr
+    assert ('no finished run in out/' in out.stderr and 'make cpu' in out.stderr
+            and '--out_dir' in out.stderr)
 
     for cfg in ('cpu_moe', 'cpu_dense_active'):
         shutil.copytree(prepared / cfg, out_root / f'{cfg}-s1')
     stories = {}
     for newest, older in (('cpu_dense_active', 'cpu_moe'), ('cpu_moe', 'cpu_dense_active')):
-        for t, done in enumerate((f'{older}-s1/done.json', f'{newest}-s1/done.json', 'no_best/done.json')):
+        for t, done in enumerate((f'{older}-s1/done.json', f'{newest}-s1/done.json',
+                                  'no_best/done.json')):
             os.utime(out_root / done, (1e9 + t, 1e9 + t))
         os.utime(out_root / 'unfinished' / 'best.pt', (2e9, 2e9))
         out = run(*sample, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
-        assert (f'sample.py: sampling from out/{newest}-s1 (the most recently finished run in out/)\n'
-                in out.stderr)
+        assert (f'sample.py: sampling from out/{newest}-s1 '
+                '(the most recently finished run in out/)\n' in out.stderr)
         stories[newest] = out.stdout
-    assert stories['cpu_moe'] != stories['cpu_dense_active']  # each default sampled its own checkpoint
+    # each default sampled its own checkpoint
+    assert stories['cpu_moe'] != stories['cpu_dense_active']
     out = run(*sample, f'--out_dir={out_root / "cpu_moe-s1"}', cwd=tmp_path)
     assert out.stdout == stories['cpu_moe'] and 'sampling from' not in out.stderr
 
 
 def test_compiled_training_runs_and_matches_eager(prepared):
-    """One training step's loss (CE + aux) and every gradient, compiled against eager, on a model whose weights are
-    random and large (not at init scale, where the MoE's share of the output is about the tolerance)."""
+    """One training step's loss (CE + aux) and every gradient, compiled against eager, on a model
+    whose weights are random and large (not at init scale, where the MoE's share of the output is
+    about the tolerance)."""
     torch.manual_seed(0)
     c = config(ffn='moe')
     model = train.Transformer(c)
@@ -170,38 +200,44 @@ def test_compiled_training_runs_and_matches_eager(prepared):
         _, ce, aux = m(idx, targets)
         loss = train.training_loss(ce, aux, c)
         loss.backward()
-        steps.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+        steps.append((loss.detach(),
+                      {name: p.grad.clone() for name, p in model.named_parameters()}))
     (eager_loss, eager_grads), (compiled_loss, compiled_grads) = steps
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
     for name, grad in eager_grads.items():
         assert grad.abs().max() > 0, name
-        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max().item(), msg=name)
-    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "compiled"}',
-              *TINY, '--n_layer=1', '--max_iters=6', '--eval_interval=3', '--compile=True')
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4,
+                                   atol=1e-5 * grad.abs().max().item(), msg=name)
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}',
+              f'--out_dir={prepared / "compiled"}', *TINY, '--n_layer=1', '--max_iters=6',
+              '--eval_interval=3', '--compile=True')
     assert out.returncode == 0, out.stderr
     assert json.load(open(prepared / 'compiled' / 'config.json'))['compile_used'] is True
 
 
 def test_missing_data_and_checkpoint_errors(tmp_path):
-    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={tmp_path}', f'--out_dir={tmp_path / "o"}')
+    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={tmp_path}',
+              f'--out_dir={tmp_path / "o"}')
     assert out.returncode != 0 and 'prepare.py' in out.stderr and 'Traceback' not in out.stderr
     assert not (tmp_path / 'o').exists()
     out = run('sample.py', f'--out_dir={tmp_path}')
     assert out.returncode != 0 and 'no checkpoint' in out.stderr and 'Traceback' not in out.stderr
     (tmp_path / 'best.pt').write_bytes(b'not a checkpoint')
     out = run('sample.py', f'--out_dir={tmp_path}')
-    assert out.returncode != 0 and 'is not a plain checkpoint (damaged' in out.stderr and out.stderr.count('\n') == 1
+    assert (out.returncode != 0 and 'is not a plain checkpoint (damaged' in out.stderr
+            and out.stderr.count('\n') == 1)
 
 
 def test_grad_accumulation_equals_one_big_batch(prepared):
     # dense: CE is a per-token mean, so two half-batches average to the full one exactly. (An MoE's
     # load-balancing loss is a product of batch statistics and is, as usual, taken per micro-batch.)
     logs = []
-    for batch, accum in ((8, 1), (4, 2)):  # the same 8 windows per step, in one or two micro-batches
+    # the same 8 windows per step, in one or two micro-batches
+    for batch, accum in ((8, 1), (4, 2)):
         out_dir = prepared / f'accum{accum}'
-        out = run('train.py', 'config/cpu_dense_active.py', f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}',
-                  *TINY, '--max_iters=4', '--eval_interval=4', '--log_interval=1', f'--batch_size={batch}',
-                  f'--grad_accum={accum}')
+        out = run('train.py', 'config/cpu_dense_active.py', f'--data_dir={prepared / "data"}',
+                  f'--out_dir={out_dir}', *TINY, '--max_iters=4', '--eval_interval=4',
+                  '--log_interval=1', f'--batch_size={batch}', f'--grad_accum={accum}')
         assert out.returncode == 0, out.stderr
         logs.append([json.loads(line) for line in open(out_dir / 'log.jsonl')])
     for one, two in zip(*logs):
@@ -212,14 +248,16 @@ def test_grad_accumulation_equals_one_big_batch(prepared):
 
 
 def test_moe_grad_accumulation_takes_aux_losses_per_micro_batch_and_logs_their_mean(prepared):
-    """grad_accum=2 on the MoE: step 0's logged loss, ce, lb and z are the means over its two micro-batches, each
-    with its own load-balancing loss (a batch statistic), computed here from the same init and windows."""
+    """grad_accum=2 on the MoE: step 0's logged loss, ce, lb and z are the means over its two
+    micro-batches, each with its own load-balancing loss (a batch statistic), computed here from the
+    same init and windows."""
     out_dir = prepared / 'moe_accum'
-    args = [f'--data_dir={prepared / "data"}', *TINY, '--max_iters=2', '--eval_interval=2', '--log_interval=1',
-            '--batch_size=4', '--grad_accum=2']
+    args = [f'--data_dir={prepared / "data"}', *TINY, '--max_iters=2', '--eval_interval=2',
+            '--log_interval=1', '--batch_size=4', '--grad_accum=2']
     out = run('train.py', 'config/cpu_moe.py', f'--out_dir={out_dir}', *args)
     assert out.returncode == 0, out.stderr
-    logged = next(json.loads(line) for line in open(out_dir / 'log.jsonl') if json.loads(line)['iter'] == 1)
+    logged = next(json.loads(line) for line in open(out_dir / 'log.jsonl')
+                  if json.loads(line)['iter'] == 1)
     c = train.configure(['config/cpu_moe.py', f'--out_dir={out_dir}', *args])
     torch.manual_seed(c.seed)
     model = train.Transformer(c)
@@ -227,7 +265,8 @@ def test_moe_grad_accumulation_takes_aux_losses_per_micro_batch_and_logs_their_m
     micro = []
     for rows in (slice(0, 4), slice(4, 8)):
         _, ce, aux = model(x[rows], y[rows])
-        micro.append([train.training_loss(ce, aux, c).item(), ce.item(), aux['lb'].item(), aux['z'].item()])
+        micro.append([train.training_loss(ce, aux, c).item(), ce.item(), aux['lb'].item(),
+                      aux['z'].item()])
     for i, key in enumerate(('loss', 'ce', 'lb', 'z')):
         assert logged[key] == pytest.approx((micro[0][i] + micro[1][i]) / 2, rel=1e-5), key
     _, _, whole = model(x, y)  # the load-balancing loss of all 8 windows at once is another number
@@ -235,7 +274,8 @@ def test_moe_grad_accumulation_takes_aux_losses_per_micro_batch_and_logs_their_m
 
 
 def test_data_of_another_vocabulary_is_refused(prepared):
-    out = run('train.py', 'config/moe.py', f'--data_dir={prepared / "data"}', f'--out_dir={prepared / "wrong_vocab"}')
+    out = run('train.py', 'config/moe.py', f'--data_dir={prepared / "data"}',
+              f'--out_dir={prepared / "wrong_vocab"}')
     assert out.returncode != 0 and 'vocab_size 257' in out.stderr and 'Traceback' not in out.stderr
     assert not (prepared / 'wrong_vocab').exists()
 
@@ -243,7 +283,8 @@ def test_data_of_another_vocabulary_is_refused(prepared):
 def test_eval_routing_statistics_do_not_depend_on_the_eval_batch_size(prepared):
     from contextlib import nullcontext
     torch.manual_seed(0)
-    c = config(data_dir=str(prepared / 'data'), eval_tokens=16 * 10)  # 10 windows: batches 3,3,3,1 vs 10
+    # 10 windows: batches 3,3,3,1 vs 10
+    c = config(data_dir=str(prepared / 'data'), eval_tokens=16 * 10)
     model = train.Transformer(c)
     _, windows = train.load_data(c)
     cpu = torch.device('cpu')
@@ -252,6 +293,7 @@ def test_eval_routing_statistics_do_not_depend_on_the_eval_batch_size(prepared):
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
     for key in ('load', 'busiest_frac', 'usage_var', 'router_entropy', 'log_z'):
         assert a[key] == pytest.approx(b[key], rel=1e-5)
-    # and they are the statistics of all windows at once: the load counts every token's top_k choices
+    # and they are the statistics of all windows at once: the load counts every token's
+    # top_k choices
     _, _, aux = model(windows[:, :-1], windows[:, 1:])
     assert a['load'] == pytest.approx(train.routing_stats(aux['routing'])['load'], rel=1e-5)

@@ -1,4 +1,6 @@
-# Variant, CPU scale: the shared expert (cpu_moe_shared) with aux-loss-free bias balancing (cpu_moe_bias).
+# Variant, CPU scale: the shared expert (cpu_moe_shared)
+# with aux-loss-free bias balancing (cpu_moe_bias).
 from config.cpu_moe_shared import *
+
 aux_loss_coef = 0.0
 bias_rate = 1e-3

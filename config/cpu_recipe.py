@@ -1,6 +1,6 @@
-# The CPU-scale recipe shared by every cpu_* config: bytes tokenizer, 5,510 TinyStories stories (make cpu:
-# prepare.py --hf_stories 5510, or --input FILE for a local file), sized so one run takes a few minutes on
-# 2 CPU cores. The cpu_* configs import it and change only the feed-forward block.
+# The CPU-scale recipe shared by every cpu_* config: bytes tokenizer, 5,510 TinyStories stories
+# (make cpu: prepare.py --hf_stories 5510, or --input FILE for a local file), sized so one run takes
+# a few minutes on 2 CPU cores. The cpu_* configs import it and change only the feed-forward block.
 data_dir = 'data/tinystories_bytes'
 vocab_size = 257          # 256 byte values + EOT
 block_size = 256          # ~1/3 of a story in bytes
@@ -10,10 +10,12 @@ d_model = 44
 n_experts = 4
 top_k = 2
 moe_hidden = 88           # 0.23M total / 0.14M active params for the MoE
-ffn_multiple_of = 8       # fine-grained matched widths; GPU-friendly multiples do not matter on a CPU
-# 20 training tokens per total MoE param, as in the paper: 4.59M tokens (1.15 epochs of the 4.0M-byte train
-# split) in 1,120 steps of 4,096 tokens. Small batches: the MoE needs many optimizer steps. d_model 44 is
-# what lets a run take under 5 minutes and all nine about 40 on two cores at this ratio.
+# fine-grained matched widths; GPU-friendly multiples do not matter on a CPU
+ffn_multiple_of = 8
+# 20 training tokens per total MoE param, as in the paper: 4.59M tokens (1.15 epochs of the
+# 4.0M-byte train split) in 1,120 steps of 4,096 tokens. Small batches: the MoE needs many optimizer
+# steps. d_model 44 is what lets a run take under 5 minutes and all nine about 40 on two cores at
+# this ratio.
 batch_size = 16
 max_tokens = 4_585_000
 learning_rate = 3e-3

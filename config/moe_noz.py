@@ -1,3 +1,4 @@
 # Ablation, paper scale: top-2 without the router z-loss.
 from config.moe import *
+
 z_loss_coef = 0.0

@@ -1,3 +1,4 @@
 # Ablation, paper scale: top-1 routing with Switch load balancing.
 from config.moe import *
+
 top_k = 1

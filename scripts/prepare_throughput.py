@@ -1,12 +1,14 @@
 """
-prepare.py's tokenising speed against one tiktoken encode_ordinary_batch call on the same stories, same run.
+prepare.py's tokenising speed against one tiktoken encode_ordinary_batch call on the same stories,
+same run.
 
-    python scripts/prepare_throughput.py [--input ../shared/data/tinystories_train_head.txt] [--num_proc 2]
+    python scripts/prepare_throughput.py [--input FILE] [--num_proc 2]
 
-prepare.py's rate covers its tokenise-and-write phase (worker start-up, tokenising, writing train.bin and
-val.bin); the reference is tiktoken's own batch API on the same stories (its thread pool, num_threads=8),
-timed after a warm-up call. Both are timed --repeats times, alternating, and the best of each is kept (the
-thread pool's speed varies a lot from call to call). The last line is JSON with both rates and their ratio.
+prepare.py's rate covers its tokenise-and-write phase (worker start-up, tokenising, writing
+train.bin and val.bin); the reference is tiktoken's own batch API on the same stories (its thread
+pool, num_threads=8), timed after a warm-up call. Both are timed --repeats times, alternating, and
+the best of each is kept (the thread pool's speed varies a lot from call to call). The last line is
+JSON with both rates and their ratio.
 """
 import argparse
 import json
@@ -22,7 +24,10 @@ import prepare  # noqa: E402
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[1])
-    p.add_argument('--input', default=os.path.join(REPO, '..', 'shared', 'data', 'tinystories_train_head.txt'))
+    sample = os.path.join(REPO, '..', 'shared', 'data', 'tinystories_train_head.txt')
+    p.add_argument('--input', default=sample,
+                   help='TinyStories-format text file '
+                        '(default: ../shared/data/tinystories_train_head.txt)')
     p.add_argument('--num_proc', type=int, default=os.cpu_count())
     p.add_argument('--tokenizer', default='gpt2', choices=['gpt2'])
     p.add_argument('--repeats', type=int, default=3)
@@ -34,19 +39,24 @@ def main(argv):
     batch_rates, prepare_rates = [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        tokens = sum(len(ids) + 1 for ids in enc.encode_ordinary_batch(stories))  # + 1: the EOT after each story
+        # + 1: the EOT after each story
+        tokens = sum(len(ids) + 1 for ids in enc.encode_ordinary_batch(stories))
         batch_rates.append(tokens / (time.perf_counter() - t0))
         with tempfile.TemporaryDirectory() as out_dir:
-            prep = prepare.prepare(prepare.parse_args(['--input', args.input, '--tokenizer', args.tokenizer,
-                                                       '--out_dir', out_dir, '--num_proc', str(args.num_proc)]))
+            prep_args = prepare.parse_args(['--input', args.input, '--tokenizer', args.tokenizer,
+                                            '--out_dir', out_dir, '--num_proc', str(args.num_proc)])
+            prep = prepare.prepare(prep_args)
         prepare_rates.append(prep['tokens_per_s'])
     batch_rate, prepare_rate = max(batch_rates), max(prepare_rates)
-    result = {'input': os.path.abspath(args.input), 'num_proc': args.num_proc, 'cpu_count': os.cpu_count(),
+    result = {'input': os.path.abspath(args.input), 'num_proc': args.num_proc,
+              'cpu_count': os.cpu_count(),
               'tokens': tokens, 'prepare_tokens': prep['tokens'], 'repeats': args.repeats,
-              'prepare_tokens_per_s': prepare_rate, 'encode_ordinary_batch_tokens_per_s': batch_rate,
+              'prepare_tokens_per_s': prepare_rate,
+              'encode_ordinary_batch_tokens_per_s': batch_rate,
               'ratio': prepare_rate / batch_rate}
-    print(f'prepare.py ({args.num_proc} processes): {prepare_rate:,.0f} tokens/s; one encode_ordinary_batch '
-          f'call: {batch_rate:,.0f} tokens/s; ratio {result["ratio"]:.2f}')
+    print(f'prepare.py ({args.num_proc} processes): {prepare_rate:,.0f} tokens/s; '
+          f'one encode_ordinary_batch call: {batch_rate:,.0f} tokens/s; '
+          f'ratio {result["ratio"]:.2f}')
     print(json.dumps(result))
 
 

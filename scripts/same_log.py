@@ -1,10 +1,11 @@
-"""Did a rerun reproduce a run? Compares two runs' log.jsonl line by line, every field but tok_per_s (the one
-that depends on the wall clock), exactly: on CPU a run is deterministic, so the numbers must be equal.
+"""Did a rerun reproduce a run? Compares two runs' log.jsonl line by line, every field but tok_per_s
+(the one that depends on the wall clock), exactly: on CPU a run is deterministic, so the numbers
+must be equal.
 
     python scripts/same_log.py out/cpu_moe-s1 results/cpu/runs/cpu_moe-s1
 
-Prints the first differences and how far the best val loss moved, and exits 1 if there are any, else one line
-and exit 0.
+Prints the first differences and how far the best val loss moved, and exits 1 if there are any,
+else one line and exit 0.
 """
 import json
 import os
@@ -12,18 +13,24 @@ import sys
 
 
 def read_log(run_dir):
+    """The records of run_dir/log.jsonl, each without tok_per_s."""
     path = os.path.join(run_dir, 'log.jsonl')
     try:
-        return [{k: v for k, v in json.loads(line).items() if k != 'tok_per_s'} for line in open(path)]
+        records = [json.loads(line) for line in open(path)]
     except (OSError, ValueError) as e:
-        sys.exit(f'same_log.py: cannot read {path} ({e}); give two run folders that hold a log.jsonl')
+        sys.exit(f'same_log.py: cannot read {path} ({e}); '
+                 'give two run folders that hold a log.jsonl')
+    return [{k: v for k, v in r.items() if k != 'tok_per_s'} for r in records]
 
 
 def differences(log_a, log_b):
-    """'line N: key a != b' for every field that differs, and one line if the logs differ in length."""
-    found = [f'line {i + 1}: {key} {a.get(key)!r:.60} != {b.get(key)!r:.60}'
-             for i, (a, b) in enumerate(zip(log_a, log_b)) for key in sorted(a.keys() | b.keys())
-             if a.get(key) != b.get(key)]
+    """'line N: key a != b' for every field that differs, and one line if the logs differ in
+    length."""
+    found = []
+    for i, (a, b) in enumerate(zip(log_a, log_b)):
+        for key in sorted(a.keys() | b.keys()):
+            if a.get(key) != b.get(key):
+                found.append(f'line {i + 1}: {key} {a.get(key)!r:.60} != {b.get(key)!r:.60}')
     if len(log_a) != len(log_b):
         found.append(f'{len(log_a)} lines != {len(log_b)} lines')
     return found

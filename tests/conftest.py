@@ -1,5 +1,5 @@
-"""Helpers and fixtures shared by test_smoke.py (at the top of the repository) and the tests in this folder.
-Every test makes its own small data; CPU only."""
+"""Helpers and fixtures shared by test_smoke.py (at the top of the repository) and the tests in this
+folder. Every test makes its own small data; CPU only."""
 import os
 import random
 import subprocess
@@ -16,12 +16,14 @@ import train  # noqa: E402
 
 def config(**overrides):
     """A resolved config through the real configurator, tiny by default."""
-    tiny = dict(vocab_size=257, block_size=16, n_layer=2, n_head=2, d_model=16, moe_hidden=24, ffn='moe')
+    tiny = dict(vocab_size=257, block_size=16, n_layer=2, n_head=2, d_model=16, moe_hidden=24,
+                ffn='moe')
     return train.configure([f'--{k}={v!r}' for k, v in {**tiny, **overrides}.items()])
 
 
 def run(*args, cwd=REPO):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
 
 
 def write_stories(path, n, seed=0):
@@ -32,8 +34,10 @@ def write_stories(path, n, seed=0):
     with open(path, 'w', encoding='utf-8') as f:
         for _ in range(n):
             name, animal, place, verb = (rng.choice(x) for x in (names, animals, places, verbs))
-            f.write(f'once upon a time, {name} had a {animal}. they liked to {verb} in the {place}.\n\n'
-                    f'one day, the {animal} said, "let us {verb}!" {name} was happy.\n<|endoftext|>\n')
+            f.write(f'once upon a time, {name} had a {animal}. they liked to {verb} in the '
+                    f'{place}.\n\n'
+                    f'one day, the {animal} said, "let us {verb}!" {name} was happy.\n'
+                    '<|endoftext|>\n')
 
 
 # ----------------------------------------------------------------------------- MoE layer
@@ -43,14 +47,16 @@ def expert_output(moe, i, v):
 
 
 def reference_moe(moe, x):
-    """The simplest correct MoE: one token at a time, each of its top_k experts (chosen by probability plus the
-    selection bias, if any), weighted by probability alone; plus the shared expert's SwiGLU, if any."""
+    """The simplest correct MoE: one token at a time, each of its top_k experts (chosen by
+    probability plus the selection bias, if any), weighted by probability alone; plus the shared
+    expert's SwiGLU, if any."""
     probs = (x.float() @ moe.router.weight.float().T).softmax(-1)
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         e = (probs[t] if moe.bias is None else probs[t] + moe.bias).topk(moe.top_k).indices
         w = probs[t][e]
-        if moe.top_k > 1:  # Mixtral renormalises top-k weights; top-1 keeps its probability (Switch)
+        # Mixtral renormalises top-k weights; top-1 keeps its probability (Switch)
+        if moe.top_k > 1:
             w = w / w.sum()
         for weight, i in zip(w, e.tolist()):
             out[t] += weight * expert_output(moe, i, x[t])
@@ -61,14 +67,16 @@ def reference_moe(moe, x):
 
 
 # ----------------------------------------------------------------------------- end to end
-TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block_size=32', '--batch_size=8',
-        '--max_iters=40', '--eval_interval=20', '--log_interval=10', '--learning_rate=0.01', '--min_lr=0.001']
+TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block_size=32',
+        '--batch_size=8', '--max_iters=40', '--eval_interval=20', '--log_interval=10',
+        '--learning_rate=0.01', '--min_lr=0.001']
 
 
 @pytest.fixture(scope='module')
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp('e2e')
     write_stories(root / 'stories.txt', 300)
-    out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes', '--out_dir', str(root / 'data'))
+    out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes',
+              '--out_dir', str(root / 'data'))
     assert out.returncode == 0, out.stderr
     return root

@@ -1,6 +1,6 @@
-"""export_hf.py: tiny random dense and MoE runs exported and loaded by transformers give our logits and our
-greedy generations, and the exported tokenizers encode and decode like ours. transformers is a test-only
-dependency (installed by make test)."""
+"""export_hf.py: tiny random dense and MoE runs exported and loaded by transformers give our logits
+and our greedy generations, and the exported tokenizers encode and decode like ours. transformers is
+a test-only dependency (installed by make test)."""
 import os
 import shutil
 import subprocess
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import export_hf
+import plumbing
 import prepare
 import sample
 import train
@@ -19,8 +20,9 @@ transformers = pytest.importorskip('transformers')
 
 
 def fake_run(tmp_path, **overrides):
-    """A run folder holding a best.pt of a tiny model whose every weight is random and large (std 0.5; norm gains
-    in 0.5-1.5), not at init scale: then a mix-up of any two weights moves the logits far beyond the tolerance."""
+    """A run folder holding a best.pt of a tiny model whose every weight is random and large
+    (std 0.5; norm gains in 0.5-1.5), not at init scale: then a mix-up of any two weights moves the
+    logits far beyond the tolerance."""
     torch.manual_seed(0)
     c = config(block_size=32, n_layer=2, **overrides)
     model = train.Transformer(c)
@@ -29,8 +31,9 @@ def fake_run(tmp_path, **overrides):
             p.uniform_(0.5, 1.5) if 'norm' in name else p.normal_(0, 0.5)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    train.save(str(run_dir / 'best.pt'), {'model': model.state_dict(), 'config': vars(c),
-                                                     'meta': {'tokenizer': 'bytes', 'vocab_size': 257, 'eot_id': 256}})
+    plumbing.save(str(run_dir / 'best.pt'),
+               {'model': model.state_dict(), 'config': vars(c),
+                'meta': {'tokenizer': 'bytes', 'vocab_size': 257, 'eot_id': 256}})
     return model.eval(), run_dir
 
 
@@ -39,40 +42,51 @@ def max_logit_difference(model, folder):
     idx = torch.randint(0, 257, (3, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours, theirs = model(idx)[0], hf(idx).logits
-    return (ours - theirs).abs().max().item() / ours.abs().max().item(), hf  # relative to the largest logit
+    # relative to the largest logit
+    return (ours - theirs).abs().max().item() / ours.abs().max().item(), hf
 
 
-@pytest.mark.parametrize('ffn, arch', [('dense', 'LlamaForCausalLM'), ('moe', 'MixtralForCausalLM')])
-def test_exported_model_and_tokenizer_give_our_logits_and_greedy_stories(tmp_path, ffn, arch, monkeypatch):
+@pytest.mark.parametrize('ffn, arch',
+                         [('dense', 'LlamaForCausalLM'), ('moe', 'MixtralForCausalLM')])
+def test_exported_model_and_tokenizer_give_our_logits_and_greedy_stories(tmp_path, ffn, arch,
+                                                                         monkeypatch):
     extra = {'ffn_hidden': 40} if ffn == 'dense' else {'n_experts': 4, 'top_k': 2}
     model, run_dir = fake_run(tmp_path, ffn=ffn, **extra)
     export_hf.export(str(run_dir), str(tmp_path / 'hf'))
     diff, hf = max_logit_difference(model, tmp_path / 'hf')
     print(f'{arch}: max logit difference {diff:.1e} of the largest logit')
     assert type(hf).__name__ == arch and diff <= 1e-5
-    # the negative control: gate (w1) and up (w3) swapped in the export must fail the same check, by far
+    # the negative control: gate (w1) and up (w3) swapped in the export must fail the same
+    # check, by far
     real = export_hf.hf_state_dict
     swap = {'w1': 'w3', 'w3': 'w1', 'gate_proj': 'up_proj', 'up_proj': 'gate_proj'}
     monkeypatch.setattr(export_hf, 'hf_state_dict', lambda c, sd: {
-        '.'.join(swap.get(part, part) for part in name.split('.')): t for name, t in real(c, sd).items()})
+        '.'.join(swap.get(part, part) for part in name.split('.')): t
+        for name, t in real(c, sd).items()})
     export_hf.export(str(run_dir), str(tmp_path / 'swapped'))
     assert max_logit_difference(model, tmp_path / 'swapped')[0] > 1000 * 1e-5
-    # sample.py's greedy story, EOT + the prompt's bytes (10 tokens: 30 in all fit block_size 32, no cropping)
+    # sample.py's greedy story, EOT + the prompt's bytes (10 tokens: 30 in all fit block_size 32,
+    # no cropping)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
     ref = prepare.ByteTokenizer()
-    mine = sample.generate(model, torch.tensor([[ref.eot_id] + ref.encode('Zoë 🐱')]), 20, temperature=0)
-    prompt = torch.tensor([[tok.eos_token_id] + tok('Zoë 🐱', add_special_tokens=False).input_ids])
-    hf.generation_config.eos_token_id = None  # 20 tokens, through any EOT, as generate() without stop_id does
+    mine = sample.generate(model, torch.tensor([[ref.eot_id] + ref.encode('Zoë 🐱')]), 20,
+                           temperature=0)
+    prompt = torch.tensor([[tok.eos_token_id]
+                           + tok('Zoë 🐱', add_special_tokens=False).input_ids])
+    # 20 tokens, through any EOT, as generate() without stop_id does
+    hf.generation_config.eos_token_id = None
     with torch.no_grad():
         hf_tokens = hf.generate(prompt, max_new_tokens=20, do_sample=False)
     assert torch.equal(hf_tokens, mine)
-    assert tok.decode(hf_tokens[0, 1:], skip_special_tokens=True) == ref.decode(mine[0, 1:].tolist())
+    assert (tok.decode(hf_tokens[0, 1:], skip_special_tokens=True)
+            == ref.decode(mine[0, 1:].tolist()))
 
 
 def test_top1_moe_variants_and_a_used_folder_are_refused(tmp_path):
     def export(run_dir, to):
-        return subprocess.run([sys.executable, 'export_hf.py', '--out_dir', str(run_dir), '--to', str(to)],
-                              cwd=REPO, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, 'export_hf.py', '--out_dir', str(run_dir), '--to', str(to)],
+            cwd=REPO, capture_output=True, text=True)
 
     (tmp_path / 'top1').mkdir()
     _, top1 = fake_run(tmp_path / 'top1', ffn='moe', top_k=1)
@@ -82,29 +96,36 @@ def test_top1_moe_variants_and_a_used_folder_are_refused(tmp_path):
         (tmp_path / 'variant').mkdir()
         _, run_dir = fake_run(tmp_path / 'variant', ffn='moe', **variant)
         out = export(run_dir, tmp_path / 'hf')
-        assert out.returncode != 0 and 'shared expert' in out.stderr and not (tmp_path / 'hf').exists()
+        assert (out.returncode != 0 and 'shared expert' in out.stderr
+                and not (tmp_path / 'hf').exists())
         shutil.rmtree(tmp_path / 'variant')
     (tmp_path / 'top2').mkdir()
     _, top2 = fake_run(tmp_path / 'top2', ffn='moe', top_k=2)
     (tmp_path / 'used').mkdir()
     (tmp_path / 'used' / 'keep.txt').write_text('x')
     out = export(top2, tmp_path / 'used')
-    assert out.returncode != 0 and 'not empty' in out.stderr and os.listdir(tmp_path / 'used') == ['keep.txt']
+    assert (out.returncode != 0 and 'not empty' in out.stderr
+            and os.listdir(tmp_path / 'used') == ['keep.txt'])
     out = export(tmp_path, tmp_path / 'hf')
-    assert out.returncode != 0 and 'no checkpoint' in out.stderr and out.stderr.count('\n') == 1
+    assert (out.returncode != 0 and 'no checkpoint' in out.stderr
+            and out.stderr.count('\n') == 1)
 
 
 def test_bytes_tokenizer_encodes_and_decodes_like_prepares(tmp_path):
     export_hf.write_bytes_tokenizer(str(tmp_path), 32)
     tok, ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path)), prepare.ByteTokenizer()
-    # the sentence, then every character of 1 and 2 bytes in UTF-8 (bytes 0x00-0x7f, 0x80-0xbf and 0xc2-0xdf)
+    # the sentence, then every character of 1 and 2 bytes in UTF-8
+    # (bytes 0x00-0x7f, 0x80-0xbf and 0xc2-0xdf)
     text = 'once upon a time, Zoë saw a 🐱.\n\nThe end. ' + ''.join(map(chr, range(0x800)))
     assert tok(text, add_special_tokens=False).input_ids == list(text.encode())
     assert tok('a 猫.').input_ids == [97, 32, 0xe7, 0x8c, 0xab, 46]  # nothing added around a prompt
-    # EOT between the two bytes of 'é' is dropped before decoding; 0xff and a lone 0x80 are no UTF-8
+    # EOT between the two bytes of 'é' is dropped before decoding;
+    # 0xff and a lone 0x80 are no UTF-8
     ids = [256, *ref.encode('Zoë saw a 🐱 .'), 0xc3, 256, 0xa9, 0xff, 0x80, 256]
-    assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids) == 'Zoë saw a 🐱 .é\ufffd\ufffd'
-    assert [tok.decode([b]) for b in range(256)] == [bytes([b]).decode('utf-8', 'replace') for b in range(256)]
+    assert (tok.decode(ids, skip_special_tokens=True) == ref.decode(ids)
+            == 'Zoë saw a 🐱 .é\ufffd\ufffd')
+    assert ([tok.decode([b]) for b in range(256)]
+            == [bytes([b]).decode('utf-8', 'replace') for b in range(256)])
     assert tok.convert_ids_to_tokens(256) == '<|endoftext|>'
     assert tok.bos_token_id == tok.eos_token_id == tok.pad_token_id == 256 == ref.eot_id
 

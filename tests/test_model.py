@@ -1,5 +1,5 @@
-"""The model and its config: the MoE against references, aux losses, RoPE, causality, parameter counts and the
-matcher, the configurator's errors, data windows."""
+"""The model and its config: the MoE against references, aux losses, RoPE, causality, parameter
+counts and the matcher, the configurator's errors, data windows."""
 import json
 import math
 import os
@@ -11,15 +11,37 @@ import torch
 import torch.nn.functional as F
 
 import train
-from conftest import REPO, config, expert_output, reference_moe, run, write_stories
+from conftest import REPO, config, reference_moe, run, write_stories
+from plumbing import UserError
 
 
-@pytest.mark.parametrize('top_k,variant', [(1, {}), (2, {}), (2, {'shared_hidden': 8}), (2, {'bias_rate': 0.1}),
-                                           (3, {'shared_hidden': 8, 'bias_rate': 0.1})])
+def reference_dispatch(moe, x, weights, experts):
+    """The plain dropless dispatch, as DeepSeek-V3's model.py writes it: for each expert with
+    tokens, the rows routed to it, its SwiGLU on them, the gate-weighted output added back.
+    The oracle for MoE.dispatch, which computes the same grouped (assignment a: token a % N)."""
+    N = x.shape[0]
+    y = torch.zeros_like(x)
+    counts = torch.bincount(experts, minlength=moe.n_experts)
+    for e in range(moe.n_experts):
+        if counts[e] == 0:
+            continue
+        assignments = torch.where(experts == e)[0]
+        tokens = assignments % N
+        h = F.silu(x[tokens] @ moe.gate[e]) * (x[tokens] @ moe.up[e])
+        y.index_add_(0, tokens, weights[assignments, None] * (h @ moe.down[e]))
+    return y, counts
+
+
+MOE_VARIANTS = [(1, {}), (2, {}), (2, {'shared_hidden': 8}), (2, {'bias_rate': 0.1}),
+                (3, {'shared_hidden': 8, 'bias_rate': 0.1})]
+
+
+@pytest.mark.parametrize('top_k,variant', MOE_VARIANTS)
 def test_moe_matches_per_token_reference(top_k, variant):
     torch.manual_seed(0)
     moe = train.MoE(config(top_k=top_k, **variant), resid_std=0.02)
-    with torch.no_grad():  # larger weights than init, so routing and outputs are far from trivial
+    # larger weights than init, so routing and outputs are far from trivial
+    with torch.no_grad():
         for p in moe.parameters():
             p.normal_()
         if moe.bias is not None:  # a bias large enough to change some selections
@@ -29,7 +51,8 @@ def test_moe_matches_per_token_reference(top_k, variant):
     assert y.shape == x.shape
     y_ref = reference_moe(moe, x.view(-1, 16))
     torch.testing.assert_close(y.view(-1, 16), y_ref, rtol=1e-4, atol=1e-4)
-    assert aux['routing'][:4].sum().item() == pytest.approx(1.0)  # the experts' loads
+    load, _, _ = train.unpack_routing(aux['routing'])
+    assert load.sum().item() == pytest.approx(1.0)
     # and the gradients (through dispatch, experts, gate weights and router) equal the reference's
     probe = torch.randn_like(y_ref)
     inputs = [x] + list(moe.parameters())
@@ -39,29 +62,51 @@ def test_moe_matches_per_token_reference(top_k, variant):
         torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
 
 
-def test_dispatch_with_an_idle_expert_matches_a_per_assignment_reference():
-    """dispatch() on hand-made assignments where expert 2 gets no token and expert 1 gets every token's
-    second slot: outputs, counts and all gradients against one assignment at a time."""
+def idle_expert_assignments(N):
+    """Hand-made top-2 assignments of N tokens: first choices expert 0 or 3, every second choice
+    expert 1, expert 2 idle."""
+    first = torch.tensor([0, 3])[torch.randint(0, 2, (N,))]
+    return torch.cat([first, torch.ones(N, dtype=torch.long)])
+
+
+@pytest.mark.parametrize('top_k,idle', [(1, False), (2, False), (2, True), (3, False)])
+def test_dispatch_equals_the_plain_loop_over_experts(top_k, idle):
+    """dispatch(): outputs, counts and every gradient against reference_dispatch, on the router's
+    own assignments or on hand-made ones that leave an expert without tokens."""
     torch.manual_seed(0)
-    moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
+    moe = train.MoE(config(n_experts=4, top_k=top_k), resid_std=0.02)
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_()
     N = 10
     x = torch.randn(N, 16, requires_grad=True)
-    experts = torch.cat([torch.tensor([0, 3])[torch.randint(0, 2, (N,))], torch.ones(N, dtype=torch.long)])
-    weights = torch.rand(2 * N, requires_grad=True)
+    if idle:
+        experts = idle_expert_assignments(N)
+        weights = torch.rand(2 * N, requires_grad=True)
+    else:
+        _, _, weights, experts = moe.route(x)
     y, counts = moe.dispatch(x, weights, experts)
-    assert counts.tolist() == experts.bincount(minlength=4).tolist() and counts[2] == 0
-    y_ref = torch.zeros_like(x)
-    for a, i in enumerate(experts.tolist()):  # slot-major: assignment a is token a % N
-        y_ref = y_ref.index_add(0, torch.tensor([a % N]), (weights[a] * expert_output(moe, i, x[a % N]))[None])
-    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    y_ref, counts_ref = reference_dispatch(moe, x, weights, experts)
+    assert torch.equal(counts, counts_ref) and counts.sum() == top_k * N
+    if idle:
+        assert counts[2] == 0
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     probe = torch.randn_like(y)
-    inputs = [x, weights, moe.gate, moe.up, moe.down]  # (the router is not used by dispatch)
-    for grad, grad_ref in zip(torch.autograd.grad((y * probe).sum(), inputs),
-                              torch.autograd.grad((y_ref * probe).sum(), inputs)):
-        torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+    inputs = [x, moe.gate, moe.up, moe.down, weights if idle else moe.router.weight]
+    # retain_graph: y and y_ref share the routing's graph
+    grads = torch.autograd.grad((y * probe).sum(), inputs, retain_graph=True)
+    for grad, grad_ref in zip(grads, torch.autograd.grad((y_ref * probe).sum(), inputs)):
+        torch.testing.assert_close(grad, grad_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_group_by_expert_is_a_stable_argsort_and_a_bincount():
+    torch.manual_seed(0)
+    for experts in (torch.randint(0, 4, (30,)), idle_expert_assignments(15)):
+        order, slot, counts = train.group_by_expert(experts, 4)
+        assert torch.equal(order, experts.argsort(stable=True))
+        assert torch.equal(counts, experts.bincount(minlength=4))
+        assert torch.equal(slot[order], torch.arange(30))  # slot is order's inverse
+    assert counts[2] == 0
 
 
 def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
@@ -71,7 +116,7 @@ def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
         moe.router.weight.normal_()
     x = torch.randn(50, 16)
     probs, _, weights, experts = moe.route(x)
-    moe.bias.copy_(torch.tensor([0.5, 0.0, 0.0, 0.0]))  # expert 0 into every token's pair
+    moe.bias.copy_(torch.tensor([0.5, 0.0, 0.0, 0.0]))  # puts expert 0 into every token's pair
     probs_b, _, weights_b, experts_b = moe.route(x)
     torch.testing.assert_close(probs_b, probs)  # the bias is not in the softmax
     chosen = experts_b.view(2, -1)
@@ -79,8 +124,10 @@ def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
     # each token's gate weights: its unbiased probabilities of the chosen pair, renormalised
     picked = probs.gather(0, chosen)
     torch.testing.assert_close(weights_b.view(2, -1), picked / picked.sum(dim=0))
-    same = (experts_b.view(2, -1) == experts.view(2, -1)).all(dim=0)  # tokens whose pair did not change
-    assert same.any() and torch.equal(weights_b.view(2, -1)[:, same], weights.view(2, -1)[:, same])
+    # the tokens whose pair did not change keep their weights exactly
+    same = (experts_b.view(2, -1) == experts.view(2, -1)).all(dim=0)
+    assert same.any()
+    assert torch.equal(weights_b.view(2, -1)[:, same], weights.view(2, -1)[:, same])
 
 
 def test_router_settings_leave_every_other_weight_as_the_default_init():
@@ -100,8 +147,10 @@ def test_router_settings_leave_every_other_weight_as_the_default_init():
     assert len(routers) == 2 and [id(p) for p in groups[2]['params']] == [id(p) for p in routers]
     assert (groups[2]['lr_mult'], groups[2]['weight_decay']) == (0.25, 0.0)
     assert [(g['lr_mult'], g['weight_decay']) for g in groups[:2]] == [(1.0, 0.1), (1.0, 0.0)]
-    assert all(p.dim() >= 2 for p in groups[0]['params']) and all(p.dim() < 2 for p in groups[1]['params'])
-    assert train.param_groups(zero, config())[2]['weight_decay'] == 0.1  # decayed like every matrix by default
+    assert all(p.dim() >= 2 for p in groups[0]['params'])
+    assert all(p.dim() < 2 for p in groups[1]['params'])
+    # by default the routers are decayed like every matrix
+    assert train.param_groups(zero, config())[2]['weight_decay'] == 0.1
 
 
 @pytest.mark.parametrize('copies', [1, 3])
@@ -128,18 +177,22 @@ def test_one_expert_top1_equals_dense_swiglu():
         dense.down.weight.copy_(moe.down[0].T)
     x = torch.randn(2, 5, 16)
     y, aux = moe(x)
-    torch.testing.assert_close(y, dense(x))
+    y_dense, no_aux = dense(x)
+    torch.testing.assert_close(y, y_dense)
+    assert no_aux is None
     assert aux['lb'].item() == pytest.approx(1.0)  # one expert is trivially "balanced"
 
 
 def routed_moe(n_tokens_per_expert, collapse):
-    """A 4-expert top-1 layer with d_model 4 and an identity router, fed one-hot tokens: either cycling
-    through the experts (perfect balance) or all pointing at expert 0 (total collapse)."""
+    """A 4-expert top-1 layer with d_model 4 and an identity router, fed one-hot tokens: either
+    cycling through the experts (perfect balance) or all pointing at expert 0 (total collapse)."""
     moe = train.MoE(config(d_model=4, n_head=1, n_experts=4, top_k=1), resid_std=0.02)
     with torch.no_grad():
         moe.router.weight.copy_(torch.eye(4))
-    experts = torch.zeros(4 * n_tokens_per_expert, dtype=torch.long) if collapse else \
-        torch.arange(4).repeat(n_tokens_per_expert)
+    if collapse:
+        experts = torch.zeros(4 * n_tokens_per_expert, dtype=torch.long)
+    else:
+        experts = torch.arange(4).repeat(n_tokens_per_expert)
     x = 200.0 * F.one_hot(experts, 4).float()  # logits 200 vs 0: probability 1 in fp32
     return moe, x.unsqueeze(0)
 
@@ -154,10 +207,12 @@ def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
 
 
 def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
-    moe, x = routed_moe(5, collapse=False)  # one-hot tokens, each certain of its expert, cycling over all 4
+    # one-hot tokens, each certain of its expert, cycling over all 4
+    moe, x = routed_moe(5, collapse=False)
     stats = train.routing_stats(moe(x)[1]['routing'][None])  # one layer
     assert stats['load'] == pytest.approx([0.25] * 4)
-    assert stats['busiest_frac'] == pytest.approx(0.25) and stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
+    assert stats['busiest_frac'] == pytest.approx(0.25)
+    assert stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
     assert stats['router_entropy'] == pytest.approx(0.0, abs=1e-6)  # every router is certain
     assert stats['log_z'] == pytest.approx(200.0, abs=1e-4)  # logsumexp(200, 0, 0, 0)
     assert stats['dropped_frac'] == 0.0 and len(stats['layers']) == 1
@@ -169,7 +224,8 @@ def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
     # a zero router is maximally unsure: uniform softmax, entropy ln 4, logsumexp(0, 0, 0, 0) = ln 4
     moe.router.weight.data.zero_()
     stats = train.routing_stats(moe(x)[1]['routing'][None])
-    assert stats['router_entropy'] == pytest.approx(math.log(4)) and stats['log_z'] == pytest.approx(math.log(4))
+    assert stats['router_entropy'] == pytest.approx(math.log(4))
+    assert stats['log_z'] == pytest.approx(math.log(4))
 
 
 def test_routing_stats_average_over_layers():
@@ -178,15 +234,16 @@ def test_routing_stats_average_over_layers():
     stats = train.routing_stats(rows)
     assert stats['load'] == pytest.approx([0.475, 0.175, 0.175, 0.175])
     assert stats['busiest_frac'] == pytest.approx((0.25 + 0.70) / 2)
-    assert stats['usage_var'] == pytest.approx((0.0 + 0.0675) / 2)  # var of (0.7, 0.1, 0.1, 0.1) = 0.0675
+    # the variance of (0.7, 0.1, 0.1, 0.1) is 0.0675
+    assert stats['usage_var'] == pytest.approx((0.0 + 0.0675) / 2)
     assert stats['router_entropy'] == pytest.approx(0.75) and stats['log_z'] == pytest.approx(3.0)
     assert [layer['busiest_frac'] for layer in stats['layers']] == pytest.approx([0.25, 0.70])
 
 
 def test_load_balancing_uses_the_full_softmax_not_the_top_k_weights():
-    # a zero router: every probability is 1/4; top-2 ties pick experts 0 and 1, so f = (1/2, 1/2, 0, 0).
-    # Over the full softmax, P = 1/4 each and lb = 4 * (1/2 * 1/4 * 2) = 1. nanoMoE takes P from the
-    # renormalised top-k weights, (1/2, 1/2, 0, 0), and would get 2.
+    # a zero router: every probability is 1/4; top-2 ties pick experts 0 and 1, so
+    # f = (1/2, 1/2, 0, 0). Over the full softmax, P = 1/4 each and lb = 4 * (1/2 * 1/4 * 2) = 1.
+    # nanoMoE takes P from the renormalised top-k weights, (1/2, 1/2, 0, 0), and would get 2.
     moe = train.MoE(config(n_experts=4, top_k=2), resid_std=0.02)
     with torch.no_grad():
         moe.router.weight.zero_()
@@ -232,7 +289,8 @@ def test_training_loss_combines_ce_and_mean_aux_over_layers():
     assert len(layers) == 3
     lb = sum(a['lb'] for a in layers) / 3
     z = sum(a['z'] for a in layers) / 3
-    assert train.training_loss(ce, aux, c).item() == pytest.approx((ce + 0.5 * lb + 0.25 * z).item(), rel=1e-6)
+    expected = ce + 0.5 * lb + 0.25 * z
+    assert train.training_loss(ce, aux, c).item() == pytest.approx(expected.item(), rel=1e-6)
     c_off = config(aux_loss_coef=0.0, z_loss_coef=0.0)
     assert train.training_loss(ce, aux, c_off).item() == pytest.approx(ce.item())
 
@@ -271,23 +329,39 @@ def test_model_is_causal(ffn):
 
 
 # ----------------------------------------------------------------------------- parameter accounting
-@pytest.mark.parametrize('ffn,tie,shared', [('dense', True, 0), ('dense', False, 0), ('moe', True, 0),
-                                            ('moe', False, 0), ('moe', True, 12)])
+def counted(model, part, exclude=None):
+    """The parameters of the model whose names contain part (and not exclude), counted."""
+    names = [name for name, _ in model.named_parameters() if part in name]
+    if exclude is not None:
+        names = [name for name in names if exclude not in name]
+    return sum(model.get_parameter(name).numel() for name in names)
+
+
+@pytest.mark.parametrize('ffn,tie,shared', [('dense', True, 0), ('dense', False, 0),
+                                            ('moe', True, 0), ('moe', False, 0), ('moe', True, 12)])
 def test_analytic_param_counts_equal_counted_ones(ffn, tie, shared):
-    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2, shared_hidden=shared)
+    c = config(ffn=ffn, ffn_hidden=40, tie_embeddings=tie, n_experts=3, top_k=2,
+               shared_hidden=shared)
     model = train.Transformer(c)
     n = train.count_params(c)
     assert n['total'] == sum(p.numel() for p in model.parameters())
     assert n['embedding'] == model.embed.weight.numel()
-    assert n['attention'] == sum(p.numel() for name, p in model.named_parameters() if '.attn.' in name)
-    ffn_params = sum(p.numel() for name, p in model.named_parameters() if '.ffn.' in name and 'router' not in name)
-    assert n['ffn'] == ffn_params
+    assert n['attention'] == counted(model, '.attn.')
+    assert n['ffn'] == counted(model, '.ffn.', exclude='router')
     if ffn == 'moe':
-        assert n['router'] == sum(model.blocks[i].ffn.router.weight.numel() for i in range(2))
-        assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of three experts unused per layer
-        assert sum(p.numel() for name, p in model.named_parameters() if '.shared.' in name) == 2 * 3 * 16 * shared
+        assert n['router'] == counted(model, 'router')
+        assert n['active'] == n['total'] - 2 * 1 * 3 * 16 * 24  # one of 3 experts unused per layer
+        assert counted(model, '.shared.') == 2 * 3 * 16 * shared
     else:
         assert n['active'] == n['total']
+
+
+def test_count_params_of_a_matched_dense_config_counts_its_moe_too():
+    """A dense config carries the sizes of the MoE it is matched to: ffn='moe' counts that MoE."""
+    dense = train.configure(['config/cpu_dense_total.py'])
+    moe = train.configure(['config/cpu_moe.py'])
+    assert train.count_params(dense, ffn='moe') == train.count_params(moe)
+    assert train.count_params(moe, ffn='dense')['ffn'] == 0  # an MoE config has no dense width
 
 
 @pytest.mark.parametrize('match', ['active', 'total'])
@@ -300,12 +374,14 @@ def test_matcher_lands_within_tolerance_and_refuses_beyond(match):
     # the closest multiple: one step either way is no closer
     per_step = 3 * 48 * 4 * 8
     assert abs(got - target) <= per_step / 2
-    with pytest.raises(SystemExit):  # a 1-in-a-million tolerance cannot be met with a step of 4,608 params
+    # a 1-in-a-million tolerance cannot be met with a step of 4,608 params
+    with pytest.raises(UserError, match='no dense width matches'):
         config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, match_tol=1e-6)
 
 
 def test_print_params_ends_with_one_json_line():
-    out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True', '--data_dir=/nonexistent')
+    out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True',
+              '--data_dir=/nonexistent')
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden'):
@@ -317,20 +393,23 @@ def test_print_params_ends_with_one_json_line():
 # the README's table: (total, active, FFN hidden) of every shipped config, from --print_params
 SHIPPED = {'moe': (20_988_480, 14_721_600, 1632), 'dense_active': (14_719_040, 14_719_040, 3264),
            'dense_total': (20_985_920, 20_985_920, 6528), 'cpu_moe': (229_240, 136_312, 88),
-           'cpu_dense_active': (135_608, 135_608, 176), 'cpu_dense_total': (228_536, 228_536, 352)}
+           'cpu_dense_active': (135_608, 135_608, 176),
+           'cpu_dense_total': (228_536, 228_536, 352)}
 
 
 @pytest.mark.parametrize('name', SHIPPED)
 def test_shipped_configs_have_the_readme_counts(name):
     c = train.configure([f'config/{name}.py'])
     n = train.count_params(c)
-    assert (n['total'], n['active'], c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden) == SHIPPED[name]
+    hidden = c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden
+    assert (n['total'], n['active'], hidden) == SHIPPED[name]
     if name == 'moe':  # the paper: 14.77M active, 21.06M total
-        assert abs(n['active'] / 14.77e6 - 1) <= 0.004 and abs(n['total'] / 21.06e6 - 1) <= 0.004
+        assert abs(n['active'] / 14.77e6 - 1) <= 0.004
+        assert abs(n['total'] / 21.06e6 - 1) <= 0.004
 
 
 def study_variants():
-    """study.mk's VARIANTS, the MoE variants make study2 trains: each must keep cpu_moe's FFN size."""
+    """study.mk's VARIANTS, the MoE variants make study2 trains: each keeps cpu_moe's FFN size."""
     text = open(os.path.join(REPO, 'study.mk')).read().replace('\\\n', ' ')
     found = re.search(r'^VARIANTS \?= (.*)$', text, re.M)
     assert found, 'study.mk has no "VARIANTS ?=" line'
@@ -342,66 +421,73 @@ def study_variants():
 @pytest.mark.parametrize('name', study_variants())
 def test_variants_have_cpu_moes_ffn_size_and_params_within_2_percent(name):
     base, c = train.configure(['config/cpu_moe.py']), train.configure([f'config/{name}.py'])
-    ffn = lambda c: (c.top_k * c.moe_hidden + c.shared_hidden, c.n_experts * c.moe_hidden + c.shared_hidden)
-    assert ffn(c) == ffn(base) == (176, 352)  # active and total FFN hidden width per layer
+
+    def ffn_widths(c):  # active and total FFN hidden width per layer
+        routed = c.top_k * c.moe_hidden, c.n_experts * c.moe_hidden
+        return routed[0] + c.shared_hidden, routed[1] + c.shared_hidden
+    assert ffn_widths(c) == ffn_widths(base) == (176, 352)
     n, n_base = train.count_params(c), train.count_params(base)
-    for key in ('total', 'active'):
-        assert n[key] >= n_base[key] and n[key] / n_base[key] - 1 < 0.02  # only the wider routers add params
+    for key in ('total', 'active'):  # only the wider routers add params
+        assert n[key] >= n_base[key] and n[key] / n_base[key] - 1 < 0.02
 
 
-def test_a_match_beyond_match_tol_names_the_closest_width_and_the_fix(capsys):
-    line = config_error(capsys, 'config/cpu_dense_total.py', '--match_tol=0.001')
-    assert line.split(': error: ', 1)[1] == ('no dense width matches the MoE total params (229,240) within match_tol=0.001: '
-                    'the closest, ffn_hidden=352, is off by -0.31%; change ffn_multiple_of or match_tol')
+def test_a_match_beyond_match_tol_names_the_closest_width_and_the_fix():
+    message = config_error('config/cpu_dense_total.py', '--match_tol=0.001')
+    assert message == ('no dense width matches the MoE total params (229,240) within '
+                       'match_tol=0.001: the closest, ffn_hidden=352, is off by -0.31%; change '
+                       'ffn_multiple_of or match_tol')
 
 
 # ----------------------------------------------------------------------------- configurator
-def config_error(capsys, *argv):
-    """configure() must stop with exit code != 0 and one line on stderr; returns that line."""
-    with pytest.raises(SystemExit) as e:
+def config_error(*argv):
+    """configure() must refuse argv with a UserError of one line; returns its message."""
+    with pytest.raises(UserError) as e:
         train.configure(list(argv))
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and 'error:' in err
-    return err
+    message = str(e.value)
+    assert len(message.splitlines()) == 1
+    return message
 
 
-def test_config_errors_are_one_clear_line(tmp_path, capsys):
-    err = config_error(capsys, 'config/cpu_moe.py', '--learning_rat=0.1')
+def test_config_errors_are_one_clear_line(tmp_path):
+    err = config_error('config/cpu_moe.py', '--learning_rat=0.1')
     assert "unknown config key 'learning_rat'" in err and 'learning_rate' in err
     bad = tmp_path / 'bad.py'
     bad.write_text('n_layers = 3\n')
-    err = config_error(capsys, str(bad))
+    err = config_error(str(bad))
     assert "'n_layers'" in err and 'n_layer' in err and str(bad) in err
     bad.write_text("learning_rate = '3e-4'\n")  # a string in a config file
-    assert 'learning_rate must be float' in config_error(capsys, str(bad))
-    assert 'n_layer must be int' in config_error(capsys, '--n_layer=2.5')
-    assert 'not found' in config_error(capsys, 'config/nope.py')
-    assert 'n_head must be positive' in config_error(capsys, '--n_head=0')
-    assert 'data_seed must be >= 0' in config_error(capsys, '--data_seed=-1')
-    assert 'nothing to train' in config_error(capsys, '--max_tokens=0')
-    assert config_error(capsys, '--max_iters=-2') == config_error(capsys, '--max_tokens=0')
-    assert 'must look like --key=value' in config_error(capsys, '--seed')
-    assert "ffn must be one of" in config_error(capsys, "--ffn='sparse'")
-    assert 'match' in config_error(capsys, 'config/moe.py', "--match='active'")  # match is for dense configs
-    assert 'device' in config_error(capsys, "--device='gpu'")
-    assert 'router_lr_mult must be >= 0' in config_error(capsys, '--router_lr_mult=-1.0')
-    assert 'use it with ffn = moe' in config_error(capsys, 'config/cpu_dense_total.py', '--bias_rate=0.001')
-    # and as a user sees it: exit code != 0, one line, no traceback
+    assert 'learning_rate must be float' in config_error(str(bad))
+    assert 'n_layer must be int' in config_error('--n_layer=2.5')
+    assert 'not found' in config_error('config/nope.py')
+    assert 'n_head must be positive' in config_error('--n_head=0')
+    assert 'data_seed must be >= 0' in config_error('--data_seed=-1')
+    assert 'nothing to train' in config_error('--max_tokens=0')
+    assert config_error('--max_iters=-2') == config_error('--max_tokens=0')
+    assert 'must look like --key=value' in config_error('--seed')
+    assert "ffn must be one of" in config_error("--ffn='sparse'")
+    # match is for dense configs
+    assert 'match' in config_error('config/moe.py', "--match='active'")
+    assert 'device' in config_error("--device='gpu'")
+    assert 'router_lr_mult must be >= 0' in config_error('--router_lr_mult=-1.0')
+    assert 'use it with ffn = moe' in config_error('config/cpu_dense_total.py', '--bias_rate=0.001')
+    # and as a user sees it: exit code 1, one line naming the script, no traceback
     out = run('train.py', 'config/cpu_moe.py', '--n_layers=2')
-    assert out.returncode != 0 and out.stderr.count('\n') == 1 and 'Traceback' not in out.stderr
+    assert out.returncode == 1 and out.stderr.count('\n') == 1
+    assert out.stderr.startswith("train.py: error: unknown config key 'n_layers'")
 
 
 def test_config_types_and_resolution():
-    c = config(learning_rate=1, compile=True, device='cpu')  # an int where a float is expected is fine
+    # an int where a float is expected is fine
+    c = config(learning_rate=1, compile=True, device='cpu')
     assert c.learning_rate == 1.0 and type(c.learning_rate) is float
     assert c.compile is True and c.device == 'cpu'
     c = train.configure(['config/cpu_dense_total.py', '--seed=3'])
-    assert c.config_name == 'cpu_dense_total' and c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
+    assert c.config_name == 'cpu_dense_total'
+    assert c.out_dir == os.path.join('out', 'cpu_dense_total-s3')
     assert c.ffn == 'dense' and c.match == 'total' and c.ffn_hidden > 0
     c = train.configure(['config/cpu_moe.py', '--seed=3', '--data_seed=2'])  # never seed 3's folder
     assert c.out_dir == os.path.join('out', 'cpu_moe-s3-d2')
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match='compile must be True, False or None'):
         config(compile='yes')
 
 
@@ -422,12 +508,15 @@ def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tm
     x3, _ = train.get_batch(b, 7, cpu)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3)
     assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
-    # data_seed moves the data order alone: seed 2 with seed 1's data order sees seed 1's batches, and back
-    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=2, data_seed=1), 7, cpu)[0], x1)
-    assert torch.equal(train.get_batch(config(data_dir=str(data), seed=1, data_seed=2), 7, cpu)[0], x3)
+    # data_seed moves the data order alone: seed 2 with seed 1's data order sees seed 1's
+    # batches, and back
+    seed2_order1 = config(data_dir=str(data), seed=2, data_seed=1)
+    seed1_order2 = config(data_dir=str(data), seed=1, data_seed=2)
+    assert torch.equal(train.get_batch(seed2_order1, 7, cpu)[0], x1)
+    assert torch.equal(train.get_batch(seed1_order2, 7, cpu)[0], x3)
 
 
-# ----------------------------------------------------------------------------- learning rate, grouped_mm
+# ----------------------------------------------------------------------- learning rate, grouped_mm
 def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
     c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02)
     iters = 1120  # the CPU recipe: warmup round(22.4) = 22 steps
@@ -446,8 +535,8 @@ def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
     (True, torch.float32, 16, 24, True, False), (True, torch.float16, 16, 24, True, False),
     (True, torch.bfloat16, 12, 24, True, False), (True, torch.bfloat16, 16, 20, True, False),
     (True, torch.bfloat16, 16, 24, False, False)])
-def test_grouped_mm_only_for_bf16_aligned_cuda_tensors_on_a_torch_that_has_it(cuda, dtype, width, hidden, has_op, ok,
-                                                                            monkeypatch):
+def test_grouped_mm_only_for_bf16_aligned_cuda_tensors_on_a_torch_that_has_it(
+        cuda, dtype, width, hidden, has_op, ok, monkeypatch):
     if not has_op:
         monkeypatch.delattr(F, 'grouped_mm', raising=False)
     x = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(5, width))

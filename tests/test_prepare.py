@@ -12,12 +12,14 @@ import pytest
 
 import prepare
 from conftest import REPO
+from plumbing import UserError
 
 EOT = "<|endoftext|>"
 
 
 def make_stories(n, name="Story"):
-    """n distinct stories with paragraphs, non-ASCII text and an inline (not own-line) EOT string."""
+    """n distinct stories with paragraphs, non-ASCII text and an inline (not own-line) EOT
+    string."""
     return [f"{name} {i}: Tom met Lily. Café ✓ 🐉\n\nThey said \"{EOT}\" and played {i} times."
             for i in range(n)]
 
@@ -47,12 +49,16 @@ def read_bin(path):
 
 def snapshot(out_dir):
     """Name -> (bytes, mtime_ns) of every file in out_dir."""
-    return {n: (open(os.path.join(out_dir, n), "rb").read(), os.stat(os.path.join(out_dir, n)).st_mtime_ns)
-            for n in sorted(os.listdir(out_dir))}
+    files = {}
+    for name in sorted(os.listdir(out_dir)):
+        path = os.path.join(out_dir, name)
+        files[name] = (open(path, "rb").read(), os.stat(path).st_mtime_ns)
+    return files
 
 
 def assert_one_error_line(res):
-    assert res.returncode != 0
+    """A user error through the entry point: exit status 1 and one line on stderr."""
+    assert res.returncode == 1, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("prepare.py: error:"), res.stderr
     return lines[0]
@@ -63,7 +69,8 @@ def good_dataset(tmp_path_factory):
     """A prepared bytes dataset to copy into out_dirs that later, failing runs must not touch."""
     d = tmp_path_factory.mktemp("good")
     inp = write_release(d / "good.txt", make_stories(4))
-    res = run("--input", inp, "--tokenizer", "bytes", "--out_dir", str(d / "out"), "--num_proc", "1")
+    res = run("--input", inp, "--tokenizer", "bytes", "--out_dir", str(d / "out"),
+              "--num_proc", "1")
     assert res.returncode == 0, res.stderr
     return d / "out"
 
@@ -98,8 +105,8 @@ def test_bytes_end_to_end(tmp_path, num_proc):
     inp = write_release(tmp_path / "in.txt", stories)
     out = tmp_path / "out"
     # chunk_size 3 -> many chunks, so a wrong order across processes would show
-    res = run("--input", inp, "--tokenizer", "bytes", "--out_dir", str(out), "--val_fraction", "0.1",
-              "--num_proc", str(num_proc), "--chunk_size", "3")
+    res = run("--input", inp, "--tokenizer", "bytes", "--out_dir", str(out),
+              "--val_fraction", "0.1", "--num_proc", str(num_proc), "--chunk_size", "3")
     assert res.returncode == 0, res.stderr
     train, val = read_bin(out / "train.bin"), read_bin(out / "val.bin")
     assert train == expected_bytes_tokens(stories[:18])
@@ -114,13 +121,16 @@ def test_bytes_end_to_end(tmp_path, num_proc):
         "train_stories": 18, "val_stories": 2}
     assert inp in meta["source"]
     st = os.stat(inp)
-    assert meta["args"] == {"tokenizer": "bytes", "val_input": None, "val_fraction": 0.1, "hf_stories": None,
+    assert meta["args"] == {"tokenizer": "bytes", "val_input": None, "val_fraction": 0.1,
+                            "hf_stories": None,
                             "input": {"path": inp, "size": st.st_size, "mtime": st.st_mtime}}
-    assert f"train: {meta['train_tokens']:,} tokens, 18 stories" in res.stdout and "tokens/s" in res.stdout
+    assert f"train: {meta['train_tokens']:,} tokens, 18 stories" in res.stdout
+    assert "tokens/s" in res.stdout
 
 
 # (stories, --val_fraction, val stories): the same split for an --input file and for --hf_stories
-VAL_SPLITS = [(20, 0.05, 1), (20, 0.25, 5), (10, 0.01, 1), (3, 0.9, 2), (2, 0.5, 1), (5510, 0.05, 276)]
+VAL_SPLITS = [(20, 0.05, 1), (20, 0.25, 5), (10, 0.01, 1), (3, 0.9, 2), (2, 0.5, 1),
+              (5510, 0.05, 276)]
 
 
 @pytest.mark.parametrize("n, frac, n_val", VAL_SPLITS)
@@ -258,7 +268,8 @@ HUB_FIX = ("; connect to the internet, or use a local TinyStories file: --input 
 @pytest.mark.parametrize("route", [[], ["--hf_stories", "10"]], ids=["whole", "hf_stories"])
 def test_hf_unreachable_is_one_quick_clear_error(tmp_path, route):
     # offline mode makes datasets fail at once, the same way an unreachable hub does
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf"))
     out = tmp_path / "out"
     t0 = time.time()
     res = run(*route, "--tokenizer", "bytes", "--out_dir", str(out), env=env, timeout=60)
@@ -269,15 +280,16 @@ def test_hf_unreachable_is_one_quick_clear_error(tmp_path, route):
     assert not out.exists()
 
 
-# ----------------------------------------------------------------------------- --hf_stories, on a fake hub
+# ----------------------------------------------------------------------------- --hf_stories
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    """Stands in for the hub: synthetic splits, streamed one row at a time; records what is asked and read."""
+    """Stands in for the hub: synthetic splits, streamed one row at a time; records what is asked
+    and read."""
     import datasets
     import huggingface_hub
-    hub = SimpleNamespace(splits={"train": make_stories(6000, "Train"), "validation": make_stories(300, "Val")},
-                          calls=[], served={}, fail=None)
+    splits = {"train": make_stories(6000, "Train"), "validation": make_stories(300, "Val")}
+    hub = SimpleNamespace(splits=splits, calls=[], served={}, fail=None)
 
     def stream(split):
         for text in hub.splits[split]:
@@ -302,17 +314,17 @@ def fake_hub(monkeypatch):
 
 
 def hf_args(out, n, *more):
-    return ["--hf_stories", str(n), "--tokenizer", "bytes", "--out_dir", str(out), "--num_proc", "1", *more]
+    return ["--hf_stories", str(n), "--tokenizer", "bytes", "--out_dir", str(out),
+            "--num_proc", "1", *more]
 
 
 def main_error(argv, capsys):
-    """prepare.main(argv) in-process -> its error line, checking it is the only output and exit code 1."""
-    with pytest.raises(SystemExit) as e:
+    """prepare.main(argv) in-process -> the message of the UserError it raises, checking that
+    nothing else was printed: the entry point prints that message as the one line the user sees."""
+    with pytest.raises(UserError) as e:
         prepare.main(argv)
-    assert e.value.code == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("prepare.py: error: "), err
-    return err.strip()
+    assert capsys.readouterr().err == ""
+    return str(e.value)
 
 
 @pytest.mark.parametrize("n, frac, n_val", VAL_SPLITS)
@@ -321,15 +333,17 @@ def test_hf_stories_take_the_head_of_each_split(tmp_path, fake_hub, n, frac, n_v
     prepare.main(hf_args(out, n, "--val_fraction", str(frac)))
     assert fake_hub.calls == [("roneneldan/TinyStories", "train", True),
                               ("roneneldan/TinyStories", "validation", True)]
-    assert fake_hub.served == {"train": n - n_val, "validation": n_val}  # read no further than needed
+    # read no further than needed
+    assert fake_hub.served == {"train": n - n_val, "validation": n_val}
     assert read_bin(out / "train.bin") == expected_bytes_tokens(make_stories(n - n_val, "Train"))
     assert read_bin(out / "val.bin") == expected_bytes_tokens(make_stories(n_val, "Val"))
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["train_stories"], meta["val_stories"]) == (n - n_val, n_val)
-    assert meta["source"] == (f"huggingface:roneneldan/TinyStories (first {n - n_val} train stories, "
+    assert meta["source"] == ("huggingface:roneneldan/TinyStories "
+                              f"(first {n - n_val} train stories, "
                               f"first {n_val} validation stories)")
-    assert meta["args"] == {"tokenizer": "bytes", "input": None, "val_input": None, "hf_stories": n,
-                            "val_fraction": frac}
+    assert meta["args"] == {"tokenizer": "bytes", "input": None, "val_input": None,
+                            "hf_stories": n, "val_fraction": frac}
 
 
 def test_hf_stories_rerun_skips_and_another_n_redoes(tmp_path, fake_hub, capsys):
@@ -342,7 +356,8 @@ def test_hf_stories_rerun_skips_and_another_n_redoes(tmp_path, fake_hub, capsys)
 
     prepare.main(hf_args(out, 20))
     assert fake_hub.calls == [] and os.stat(out / "train.bin").st_mtime_ns == old
-    assert capsys.readouterr().out == f"{out} is already prepared with these arguments (pass --force to redo)\n"
+    assert capsys.readouterr().out == (
+        f"{out} is already prepared with these arguments (pass --force to redo)\n")
 
     prepare.main(hf_args(out, 40))
     assert len(fake_hub.calls) == 2 and os.stat(out / "train.bin").st_mtime_ns != old
@@ -356,31 +371,33 @@ def test_hf_stories_rerun_skips_and_another_n_redoes(tmp_path, fake_hub, capsys)
     ("load_dataset", "ConnectionError: Couldn't reach the hub"),
     ("mid-stream", "ConnectionError: connection reset"),
 ], ids=["dataset_info", "load_dataset", "mid-stream"])
-def test_hf_stories_hub_failure_is_one_line_and_writes_nothing(tmp_path, fake_hub, capsys, fail, reason):
+def test_hf_stories_hub_failure_is_one_line_and_writes_nothing(tmp_path, fake_hub, capsys,
+                                                               fail, reason):
     fake_hub.fail = fail
     out = tmp_path / "o"
     assert main_error(hf_args(out, 20), capsys) == (
-        f"prepare.py: error: could not load roneneldan/TinyStories from the Hugging Face hub ({reason}){HUB_FIX}")
+        f"could not load roneneldan/TinyStories from the Hugging Face hub ({reason}){HUB_FIX}")
     assert os.listdir(tmp_path) == []
 
 
 def test_hf_stories_more_than_the_hub_has(tmp_path, fake_hub, capsys):
     fake_hub.splits["validation"] = make_stories(3, "Val")
     assert main_error(hf_args(tmp_path / "o", 20, "--val_fraction", "0.25"), capsys) == (
-        "prepare.py: error: --hf_stories 20 needs 15 train and 5 validation stories, roneneldan/TinyStories "
+        "--hf_stories 20 needs 15 train and 5 validation stories, roneneldan/TinyStories "
         "gave 15 and 3; pass a smaller --hf_stories or --val_fraction")
     assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("more, message", [
-    (["--input", "in.txt"], "--hf_stories takes the stories from the hub, --input from a file; pass only one"),
+    (["--input", "in.txt"],
+     "--hf_stories takes the stories from the hub, --input from a file; pass only one"),
     (["--hf_stories", "1"], "--hf_stories must be at least 2 (a train and a val story), got 1"),
     (["--hf_stories", "0"], "--hf_stories must be at least 2 (a train and a val story), got 0"),
 ], ids=["and_input", "n=1", "n=0"])
 def test_hf_stories_usage_errors(tmp_path, fake_hub, capsys, more, message):
     write_release(tmp_path / "in.txt", make_stories(3))
     more = [str(tmp_path / m) if m == "in.txt" else m for m in more]
-    assert main_error(hf_args(tmp_path / "o", 20, *more), capsys) == f"prepare.py: error: {message}"
+    assert main_error(hf_args(tmp_path / "o", 20, *more), capsys) == message
     assert fake_hub.calls == [] and os.listdir(tmp_path) == ["in.txt"]
 
 
@@ -405,7 +422,8 @@ class _InterruptingBar:
 
 @pytest.mark.parametrize("num_proc", [1, 2])
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
-def test_interrupt_mid_write_leaves_nothing(tmp_path, good_dataset, monkeypatch, num_proc, exc):
+def test_interrupt_mid_write_leaves_nothing(tmp_path, good_dataset, monkeypatch, capsys,
+                                            num_proc, exc):
     inp = write_release(tmp_path / "in.txt", make_stories(10))
     out = tmp_path / "out"
     shutil.copytree(good_dataset, out)
@@ -417,6 +435,8 @@ def test_interrupt_mid_write_leaves_nothing(tmp_path, good_dataset, monkeypatch,
         with pytest.raises(SystemExit) as e:
             prepare.main(argv)
         assert e.value.code == 130
+        err = capsys.readouterr().err
+        assert err == "prepare.py: error: interrupted (temporary files removed)\n"
     else:  # a bug: the traceback is kept, but the temp files are still removed
         with pytest.raises(RuntimeError):
             prepare.main(argv)
@@ -450,7 +470,10 @@ def test_gpt2_end_to_end(tmp_path, gpt2_env):
     res = run("--input", inp, "--out_dir", str(tmp_path / "o"), "--val_fraction", "0.34",
               "--num_proc", "2", "--chunk_size", "1", env=dict(os.environ))
     assert res.returncode == 0, res.stderr
-    expect = lambda ss: [t for s in ss for t in enc.encode_ordinary(s) + [50256]]
+
+    def expect(stories):
+        return [t for s in stories for t in enc.encode_ordinary(s) + [50256]]
+
     assert read_bin(tmp_path / "o" / "train.bin") == expect(stories[:4])
     assert read_bin(tmp_path / "o" / "val.bin") == expect(stories[4:])
     meta = json.loads((tmp_path / "o" / "meta.json").read_text())
@@ -460,9 +483,11 @@ def test_gpt2_end_to_end(tmp_path, gpt2_env):
 
 def test_prepare_throughput_script_counts_the_same_tokens_both_ways(tmp_path, gpt2_env):
     inp = write_release(tmp_path / "in.txt", make_stories(40))
-    out = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "prepare_throughput.py"), "--input", inp,
-                          "--num_proc", "2"], capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    script = os.path.join(REPO, "scripts", "prepare_throughput.py")
+    out = subprocess.run([sys.executable, script, "--input", inp, "--num_proc", "2"],
+                         capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["tokens"] == r["prepare_tokens"] == sum(len(gpt2_env.encode_ordinary(s)) + 1 for s in make_stories(40))
+    expected = sum(len(gpt2_env.encode_ordinary(s)) + 1 for s in make_stories(40))
+    assert r["tokens"] == r["prepare_tokens"] == expected
     assert r["ratio"] == r["prepare_tokens_per_s"] / r["encode_ordinary_batch_tokens_per_s"]

@@ -1,11 +1,14 @@
 """report.py on synthetic run folders whose numbers are known exactly."""
 import json
 import math
+import shutil
 import statistics
 
 import pytest
 
 import report
+from conftest import run
+from plumbing import UserError
 
 # best val losses by config and seed; the eval curves below end at these values
 BEST = {'cpu_moe': {1: 1.20, 2: 1.22, 3: 1.19},
@@ -20,20 +23,37 @@ def curve(best, seed):
     return [5.5, best, best + 0.01 * seed]
 
 
+def routing(i, seed):
+    """Routing stats that identify the eval point: busiest_frac = 0.3 + 0.1 * i + 0.01 * seed."""
+    return {'load': [0.25] * 4, 'busiest_frac': 0.3 + 0.1 * i + 0.01 * seed,
+            'usage_var': 0.001 * seed, 'router_entropy': 1.3, 'log_z': 2.0 + seed,
+            'dropped_frac': 0.0}
+
+
+def write_jsonl(path, records):
+    path.write_text(''.join(json.dumps(r) + '\n' for r in records))
+
+
+def read_config(folder):
+    return json.loads((folder / 'config.json').read_text())
+
+
 def write_run(folder, name, seed, total, active, moe, best_val=None):
     folder.mkdir(parents=True)
-    config = {'config_name': name, 'seed': seed, 'iters': 20, 'tokens_per_iter': 100, 'd_model': 16,
-              'data_dir': str(folder.parent.parent / 'data'), 'params': {'total': total, 'active': active}}
+    config = {'config_name': name, 'seed': seed, 'iters': 20, 'tokens_per_iter': 100,
+              'd_model': 16, 'data_dir': str(folder.parent.parent / 'data'),
+              'params': {'total': total, 'active': active}}
     (folder / 'config.json').write_text(json.dumps(config))
     lines, best = [], math.inf
-    for i, (tokens, val) in enumerate(zip(TOKENS, curve(best_val or BEST[name][seed], seed))):
+    values = curve(best_val or BEST[name][seed], seed)
+    for i, (tokens, val) in enumerate(zip(TOKENS, values)):
         best = min(best, val)
         lines.append({'iter': 10 * i, 'tokens': tokens, 'val_loss': val, 'best_val': best})
-        if moe:  # routing stats that identify the eval point: busiest_frac = 0.3 + 0.1 * i + 0.01 * seed
-            lines[-1].update(load=[0.25] * 4, busiest_frac=0.3 + 0.1 * i + 0.01 * seed, usage_var=0.001 * seed,
-                             router_entropy=1.3, log_z=2.0 + seed, dropped_frac=0.0)
-        lines.append({'iter': 10 * i + 5, 'tokens': tokens + 500, 'loss': 3.0, 'ce': 3.0})  # a training line
-    (folder / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+        if moe:
+            lines[-1].update(routing(i, seed))
+        # a training line
+        lines.append({'iter': 10 * i + 5, 'tokens': tokens + 500, 'loss': 3.0, 'ce': 3.0})
+    write_jsonl(folder / 'log.jsonl', lines)
 
 
 @pytest.fixture
@@ -41,25 +61,34 @@ def runs(tmp_path):
     sizes = {'cpu_moe': (270, 160, True), 'cpu_dense_active': (160, 160, False),
              'cpu_dense_total': (271, 271, False), 'cpu_moe_top1': (270, 105, True)}
     for n, (name, seeds) in enumerate(BEST.items()):
-        for seed in seeds:  # folder names deliberately say nothing: runs are matched by config.json
+        # folder names deliberately say nothing: runs are matched by config.json
+        for seed in seeds:
             write_run(tmp_path / 'out' / f'run{n}{seed}', name, seed, *sizes[name])
     return tmp_path
 
 
-def test_table_gaps_and_curves_are_exact(runs):
+def make_report(runs):
+    """report.py over every folder in runs/out -> its report.json, read back."""
     report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
-    r = json.loads((runs / 'rep' / 'report.json').read_text())
+    return json.loads((runs / 'rep' / 'report.json').read_text())
+
+
+def test_table_gaps_and_curves_are_exact(runs):
+    r = make_report(runs)
     for name, seeds in BEST.items():
         c = r['configs'][name]
         values = list(seeds.values())
         assert c['seeds'] == {str(s): v for s, v in seeds.items()}
         assert c['mean'] == pytest.approx(statistics.mean(values))
         assert c['std'] == pytest.approx(statistics.stdev(values) if len(values) > 1 else 0.0)
-    assert r['configs']['cpu_moe']['role'] == 'moe' and r['configs']['cpu_moe_top1']['role'] is None
+    assert r['configs']['cpu_moe']['role'] == 'moe'
+    assert r['configs']['cpu_moe_top1']['role'] is None
     assert (r['configs']['cpu_moe']['total'], r['configs']['cpu_moe']['active']) == (270, 160)
 
-    active = [BEST['cpu_dense_active'][s] - BEST['cpu_moe'][s] for s in (1, 2, 3)]  # 0.05, 0.02, 0.07
-    total = [BEST['cpu_moe'][s] - BEST['cpu_dense_total'][s] for s in (1, 2, 3)]  # 0.02, -0.01, 0.02
+    # 0.05, 0.02, 0.07
+    active = [BEST['cpu_dense_active'][s] - BEST['cpu_moe'][s] for s in (1, 2, 3)]
+    # 0.02, -0.01, 0.02
+    total = [BEST['cpu_moe'][s] - BEST['cpu_dense_total'][s] for s in (1, 2, 3)]
     for gap, diffs in (('active', active), ('total', total)):
         g = r['gaps'][gap]
         assert g['n'] == 3
@@ -67,86 +96,102 @@ def test_table_gaps_and_curves_are_exact(runs):
         assert g['mean'] == pytest.approx(statistics.mean(diffs))
         assert g['std'] == pytest.approx(statistics.stdev(diffs))
         assert g['se'] == pytest.approx(statistics.stdev(diffs) / 3 ** 0.5)
-    assert r['gaps']['active']['positive'] == 3 and r['gaps']['total']['positive'] == 2  # -0.01 at seed 2
+    assert r['gaps']['active']['positive'] == 3
+    # -0.01 at seed 2
+    assert r['gaps']['total']['positive'] == 2
 
     # at 1000 and 2000 tokens the seed-paired differences are those of the bests
     assert r['gap_vs_tokens']['tokens'] == TOKENS
-    assert r['gap_vs_tokens']['active'] == pytest.approx([0.0, statistics.mean(active), statistics.mean(active)])
-    assert r['gap_vs_tokens']['total'] == pytest.approx([0.0, statistics.mean(total), statistics.mean(total)])
+    mean_active, mean_total = statistics.mean(active), statistics.mean(total)
+    assert r['gap_vs_tokens']['active'] == pytest.approx([0.0, mean_active, mean_active])
+    assert r['gap_vs_tokens']['total'] == pytest.approx([0.0, mean_total, mean_total])
 
     # routing diagnostics come from the best eval point (the middle one, i = 1), not the last
     d = r['diagnostics']['cpu_moe']
-    assert d['busiest_frac']['mean'] == pytest.approx(0.42)  # 0.4 + 0.01 * mean seed (2)
+    # 0.4 + 0.01 * mean seed (2)
+    assert d['busiest_frac']['mean'] == pytest.approx(0.42)
     assert [e['mean'] for e in d['load']] == pytest.approx([0.25] * 4)
     assert d['busiest_frac']['std'] == pytest.approx(0.01)
     assert d['log_z']['mean'] == pytest.approx(4.0) and d['dropped_frac']['mean'] == 0.0
     assert set(r['diagnostics']) == {'cpu_moe', 'cpu_moe_top1'}
 
-    # the ablation against its default MoE: seed-paired (seed 1 only), routing over training for both
+    # the ablation against its default MoE: seed-paired (seed 1 only), routing over training for
+    # both
     v = r['variants']['cpu_moe_top1']
     assert v['base'] == 'cpu_moe' and v['n'] == 1 and v['mean'] == pytest.approx(0.10)
     busiest = r['variant_curves']['busiest_frac']
-    assert list(busiest) == ['cpu_moe', 'cpu_moe_top1']  # the default first
+    # the default first
+    assert list(busiest) == ['cpu_moe', 'cpu_moe_top1']
     assert busiest['cpu_moe_top1'] == {'tokens': TOKENS, 'mean': pytest.approx([0.31, 0.41, 0.51])}
-    assert busiest['cpu_moe'] == {'tokens': TOKENS, 'mean': pytest.approx([0.32, 0.42, 0.52])}  # seed mean
+    # the mean over seeds
+    assert busiest['cpu_moe'] == {'tokens': TOKENS, 'mean': pytest.approx([0.32, 0.42, 0.52])}
     assert r['variant_curves']['log_z']['cpu_moe']['mean'] == pytest.approx([4.0] * 3)
-    assert r['scan'] == []  # one family is no scan
+    # one family is no scan
+    assert r['scan'] == []
 
     # and against the dense models of its family, variant - dense: seed 1 only
     assert v['vs_dense_total']['per_seed'] == {'1': pytest.approx(1.30 - 1.18)}
-    assert v['vs_dense_active']['n'] == 1 and v['vs_dense_active']['mean'] == pytest.approx(1.30 - 1.25)
+    assert v['vs_dense_active']['n'] == 1
+    assert v['vs_dense_active']['mean'] == pytest.approx(1.30 - 1.25)
 
     text = (runs / 'rep' / 'report.md').read_text()
     assert '| cpu_moe | moe | 270 | 160 | 1,2,3 | 1.2033 ± 0.0153 |' in text
-    assert ('| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 | +0.1200 ± 0.0000 [0 of 1 < 0] | '
-            '+0.0500 ± 0.0000 [0 of 1 < 0] |') in text
+    assert ('| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 | '
+            '+0.1200 ± 0.0000 [0 of 1 < 0] | +0.0500 ± 0.0000 [0 of 1 < 0] |') in text
     for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png', 'variants_routing.png'):
         assert (runs / 'rep' / png).stat().st_size > 1000 and f']({png})' in text
 
 
 def test_scan_orders_complete_families_by_tokens_per_parameter(runs):
-    """A second complete family, 4x the parameters on the same tokens: one scan row per family, ordered by
-    training tokens per total MoE parameter, with its seed-paired gaps and the epochs its data allows."""
+    """A second complete family, 4x the parameters on the same tokens: one scan row per family,
+    ordered by training tokens per total MoE parameter, with its seed-paired gaps and the epochs
+    its data allows."""
     big = {'big_moe': (1.0, 1080, 640, True), 'big_dense_active': (1.1, 640, 640, False),
            'big_dense_total': (0.95, 1084, 1084, False)}
     for name, (best, total, active, moe) in big.items():
         write_run(runs / 'out' / name, name, 1, total, active, moe, best_val=best)
-    # a third family whose dense_active shares no seed with its MoE: no active gap, but a row and a plot
+    # a third family whose dense_active shares no seed with its MoE: no active gap, but a row and
+    # a plot
     for name, seed in (('odd_moe', 1), ('odd_dense_active', 2), ('odd_dense_total', 1)):
         write_run(runs / 'out' / name, name, seed, 270, 160, name == 'odd_moe', best_val=1.0)
-    # a seed-noise run (seed 1's init, data order 2) is not seed 1 of its config: left out, with a word
-    write_run(runs / 'out' / 'noise', 'big_moe', 1, 1080, 640, True, best_val=0.5)
-    config = json.loads((runs / 'out' / 'noise' / 'config.json').read_text())
-    (runs / 'out' / 'noise' / 'config.json').write_text(json.dumps({**config, 'data_seed': 2}))
+    # a seed-noise run (seed 1's init, data order 2) is not seed 1 of its config: left out, with a
+    # word
+    noise = runs / 'out' / 'noise'
+    write_run(noise, 'big_moe', 1, 1080, 640, True, best_val=0.5)
+    (noise / 'config.json').write_text(json.dumps({**read_config(noise), 'data_seed': 2}))
     (runs / 'data').mkdir()
     (runs / 'data' / 'meta.json').write_text(json.dumps({'train_tokens': 1000}))
-    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
-    r = json.loads((runs / 'rep' / 'report.json').read_text())
+    r = make_report(runs)
     scan = [p for p in r['scan'] if p['family'] != 'odd_']
-    assert r['configs']['big_moe']['seeds'] == {'1': pytest.approx(1.0)}  # not the noise run's 0.5
-    assert any('data_seed 2' in w for w in (runs / 'rep' / 'report.md').read_text().splitlines())
+    # not the noise run's 0.5
+    assert r['configs']['big_moe']['seeds'] == {'1': pytest.approx(1.0)}
+    report_lines = (runs / 'rep' / 'report.md').read_text().splitlines()
+    assert any('data_seed 2' in line for line in report_lines)
     odd = next(p for p in r['scan'] if p['family'] == 'odd_')
     assert odd['active']['n'] == 0 and odd['total']['n'] == 1
     assert [p['family'] for p in scan] == ['big_', 'cpu_']
     assert [p['tokens_per_param'] for p in scan] == pytest.approx([2000 / 1080, 2000 / 270])
     assert [p['epochs'] for p in scan] == pytest.approx([2.0, 2.0])
-    assert scan[0]['active']['mean'] == pytest.approx(0.1) and scan[0]['total']['mean'] == pytest.approx(0.05)
+    assert scan[0]['active']['mean'] == pytest.approx(0.1)
+    assert scan[0]['total']['mean'] == pytest.approx(0.05)
     assert scan[1]['active']['mean'] == pytest.approx(statistics.mean([0.05, 0.02, 0.07]))
     assert (runs / 'rep' / 'scan_gaps.png').stat().st_size > 1000
 
 
 def test_missing_runs_are_reported_not_fatal(runs, capsys):
-    import shutil
     for folder in (runs / 'out').iterdir():
-        config = json.loads((folder / 'config.json').read_text())
-        if config['config_name'] == 'cpu_dense_total' or (config['config_name'] == 'cpu_moe' and config['seed'] == 3):
+        config = read_config(folder)
+        name = config['config_name']
+        if name == 'cpu_dense_total' or (name == 'cpu_moe' and config['seed'] == 3):
             shutil.rmtree(folder)
     (runs / 'out' / 'junk').mkdir()
-    (runs / 'out' / 'junk' / 'config.json').write_text('{"seed": 1}')  # no config_name
-    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
-    r = json.loads((runs / 'rep' / 'report.json').read_text())
-    assert r['gaps']['total'] == {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0, 'per_seed': {}}
-    assert r['gaps']['active']['n'] == 2  # seeds 1 and 2 are paired
+    # no config_name
+    (runs / 'out' / 'junk' / 'config.json').write_text('{"seed": 1}')
+    r = make_report(runs)
+    assert r['gaps']['total'] == {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0,
+                                  'per_seed': {}}
+    # seeds 1 and 2 are paired
+    assert r['gaps']['active']['n'] == 2
     assert r['gap_vs_tokens']['total'] == [] and len(r['gap_vs_tokens']['active']) == 3
     text = capsys.readouterr().out
     assert 'missing cpu_dense_total' in text and 'skipped' in text and 'junk' in text
@@ -154,72 +199,114 @@ def test_missing_runs_are_reported_not_fatal(runs, capsys):
 
 
 def test_diverged_truncated_and_old_logs_do_not_break_the_report(runs):
-    import math as m
-    folders = {json.loads((f / 'config.json').read_text())['config_name'] + str(json.loads((f / 'config.json').read_text())['seed']): f
-               for f in (runs / 'out').iterdir()}
+    folders = {}
+    for folder in (runs / 'out').iterdir():
+        config = read_config(folder)
+        folders[config['config_name'] + str(config['seed'])] = folder
     # seed 2 of the MoE diverged after its first real eval, and its log ends in half a line
     log = folders['cpu_moe2'] / 'log.jsonl'
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     lines[4]['val_loss'] = float('nan')
-    log.write_text(''.join(json.dumps(x) + '\n' for x in lines) + '{"iter": 3')
+    write_jsonl(log, lines)
+    with open(log, 'a') as f:
+        f.write('{"iter": 3')
     # seed 3 is an old log without routing statistics
     log = folders['cpu_moe3'] / 'log.jsonl'
-    log.write_text(''.join(json.dumps({k: v for k, v in json.loads(x).items() if k not in report.ROUTING + ('load',)}) + '\n'
-                           for x in log.read_text().splitlines()))
-    report.main([str(runs / 'out' / '*'), '--out', str(runs / 'rep')])
-    r = json.loads((runs / 'rep' / 'report.json').read_text())  # strict JSON: NaN would not parse back as null
-    assert r['configs']['cpu_moe']['seeds']['2'] == pytest.approx(1.22)  # the best finite eval
-    assert r['diagnostics']['cpu_moe']['busiest_frac']['mean'] == pytest.approx((0.41 + 0.42) / 2)  # seeds 1, 2
+    routing_keys = report.ROUTING + ('load',)
+    old = []
+    for x in log.read_text().splitlines():
+        old.append({k: v for k, v in json.loads(x).items() if k not in routing_keys})
+    write_jsonl(log, old)
+    # strict JSON: NaN would not parse back as null
+    r = make_report(runs)
+    # the best finite eval
+    assert r['configs']['cpu_moe']['seeds']['2'] == pytest.approx(1.22)
+    # seeds 1 and 2
+    assert r['diagnostics']['cpu_moe']['busiest_frac']['mean'] == pytest.approx((0.41 + 0.42) / 2)
     # and so is routing over training: the mean of the seeds that logged it
-    assert r['variant_curves']['busiest_frac']['cpu_moe']['mean'] == pytest.approx([0.315, 0.415, 0.515])
-    assert not m.isnan(r['configs']['cpu_moe']['mean'])
+    busiest = r['variant_curves']['busiest_frac']['cpu_moe']['mean']
+    assert busiest == pytest.approx([0.315, 0.415, 0.515])
+    assert not math.isnan(r['configs']['cpu_moe']['mean'])
 
 
-def test_no_runs_is_one_clear_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
+def test_no_runs_is_one_clear_error(tmp_path):
+    with pytest.raises(UserError, match='no runs found in .*nothing'):
         report.main([str(tmp_path / 'nothing*')])
-    assert e.value.code != 0 and 'no runs found' in capsys.readouterr().err
+    # from the command line: one line on stderr, exit status 1, no traceback
+    out = run('report.py', str(tmp_path / 'nothing*'))
+    assert out.returncode == 1
+    assert out.stderr.startswith('report.py: error: no runs found in ')
+    assert len(out.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize('name,expected', [('moe', ('', 'moe')), ('cpu_moe', ('cpu_', 'moe')),
                                            ('cpu_dense_total', ('cpu_', 'dense_total')),
                                            ('dense_active', ('', 'dense_active')),
-                                           ('cpu_moe_top1', (None, None)), ('moe_noz', (None, None))])
+                                           ('cpu_moe_top1', (None, None)),
+                                           ('moe_noz', (None, None))])
 def test_roles_come_from_config_names(name, expected):
     assert report.role_of(name) == expected
 
 
 def test_plateau_table_shows_the_routers_steps_and_each_runs_exit(tmp_path, capsys):
-    import plateau  # scripts/, on the path through conftest
+    # scripts/, on the path through conftest
+    import plateau
     for name, ces in (('moe', [4.6, 3.0, 2.9, 2.4]), ('dense', [4.6, 2.4, 2.0, 1.9])):
         (tmp_path / name).mkdir()
-        lines = [{'iter': 25 * (i + 1), 'ce': ce, **({'busiest_frac': 0.5 - 0.05 * i, 'router_entropy': 1.38,
-                                                    'log_z': 0.2 * i} if name == 'moe' else {})}
-                 for i, ce in enumerate(ces)] + [{'iter': 100, 'val_loss': 2.3, 'best_val': 2.3}]
-        (tmp_path / name / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
-    plateau.main([str(tmp_path / 'moe'), str(tmp_path / 'dense'), '--until', '75', '--out', str(tmp_path / 'p.md')])
+        lines = []
+        for i, ce in enumerate(ces):
+            line = {'iter': 25 * (i + 1), 'ce': ce}
+            if name == 'moe':
+                line.update(busiest_frac=0.5 - 0.05 * i, router_entropy=1.38, log_z=0.2 * i)
+            lines.append(line)
+        lines.append({'iter': 100, 'val_loss': 2.3, 'best_val': 2.3})
+        write_jsonl(tmp_path / name / 'log.jsonl', lines)
+    plateau.main([str(tmp_path / 'moe'), str(tmp_path / 'dense'), '--until', '75',
+                  '--out', str(tmp_path / 'p.md')])
     rows = (tmp_path / 'p.md').read_text().splitlines()
     assert rows[0] == '| run | exit | value | 25 | 50 | 75 |'
-    assert rows[2:] == ['| moe | 100 | ce | 4.60 | 3.00 | 2.90 |', '| moe | 100 | busiest_frac | 0.50 | 0.45 | 0.40 |',
-                        '| moe | 100 | router_entropy | 1.38 | 1.38 | 1.38 |', '| moe | 100 | log_z | 0.00 | 0.20 | 0.40 |',
-                        '| dense | 50 | ce | 4.60 | 2.40 | 2.00 |']
+    assert rows[2:] == ['| moe | 100 | ce | 4.600 | 3.000 | 2.900 |',
+                        '| moe | 100 | busiest_frac | 0.500 | 0.450 | 0.400 |',
+                        '| moe | 100 | router_entropy | 1.380 | 1.380 | 1.380 |',
+                        '| moe | 100 | log_z | 0.000 | 0.200 | 0.400 |',
+                        '| dense | 50 | ce | 4.600 | 2.400 | 2.000 |']
     assert capsys.readouterr().out.strip() == '\n'.join(rows)
 
 
+def test_plateau_shows_a_busiest_frac_just_below_040_as_such(tmp_path):
+    """Three decimals: 0.399 (below the 0.40 the README reads off the runs) is not shown as
+    0.40."""
+    import plateau
+    (tmp_path / 'moe').mkdir()
+    write_jsonl(tmp_path / 'moe' / 'log.jsonl', [{'iter': 150, 'ce': 2.826, 'busiest_frac': 0.399}])
+    name, lines, exit_step = plateau.read(str(tmp_path / 'moe'), 250)
+    assert '| 0.399 |' in plateau.table([(name, lines, exit_step)])
+
+
+def test_plateau_unreadable_log_is_one_clear_error(tmp_path):
+    import plateau
+    with pytest.raises(UserError, match='cannot read .*log.jsonl'):
+        plateau.main([str(tmp_path / 'nowhere')])
+
+
 def test_plateau_exit_is_the_first_logged_step_below_the_threshold(tmp_path):
-    """Training CE 3.0, 2.6, 2.4 (exit at that step), then 2.0; a run that never gets below 2.5; an eval line's
-    val_loss below 2.5 does not count."""
+    """Training CE 3.0, 2.6, 2.4 (exit at that step), then 2.0; a run that never gets below 2.5;
+    an eval line's val_loss below 2.5 does not count."""
     def write(folder, seed, ces):
         folder.mkdir(parents=True)
-        (folder / 'config.json').write_text(json.dumps({'config_name': 'cpu_moe', 'seed': seed, 'iters': 100,
-                                                        'tokens_per_iter': 10, 'params': {'total': 5, 'active': 3}}))
+        config = {'config_name': 'cpu_moe', 'seed': seed, 'iters': 100, 'tokens_per_iter': 10,
+                  'params': {'total': 5, 'active': 3}}
+        (folder / 'config.json').write_text(json.dumps(config))
         lines = [{'iter': 0, 'tokens': 0, 'val_loss': 2.0, 'best_val': 2.0}]
-        lines += [{'iter': 25 * (i + 1), 'tokens': 250 * (i + 1), 'loss': ce + 0.1, 'ce': ce} for i, ce in enumerate(ces)]
-        (folder / 'log.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+        for i, ce in enumerate(ces):
+            lines.append({'iter': 25 * (i + 1), 'tokens': 250 * (i + 1), 'loss': ce + 0.1,
+                          'ce': ce})
+        write_jsonl(folder / 'log.jsonl', lines)
     write(tmp_path / 'a', 1, [3.0, 2.6, 2.4, 2.0])
     write(tmp_path / 'b', 2, [3.0, 2.9, 2.7, 2.6])
     write(tmp_path / 'c', 3, [2.4, 2.0, 1.9, 1.8])
-    report.main([str(tmp_path / 'a'), str(tmp_path / 'b'), str(tmp_path / 'c'), '--out', str(tmp_path / 'rep')])
+    folders = [str(tmp_path / x) for x in ('a', 'b', 'c')]
+    report.main(folders + ['--out', str(tmp_path / 'rep')])
     r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
     assert r['configs']['cpu_moe']['exit_step'] == {'1': 75, '2': None, '3': 25}
     assert '| 50 [25-75], never: 1 |' in (tmp_path / 'rep' / 'report.md').read_text()
