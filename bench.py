@@ -101,14 +101,6 @@ def make_model(name, cfg):
     return model
 
 
-def flops_per_token(c):
-    """Training FLOPs per token: 6 x active matmul params (embedding lookup excluded, tied head
-    included) plus causal attention scores and values, 6 * n_layer * block_size * d_model."""
-    n = train.count_params(c)
-    matmul = n['active'] - n['norms']  # the embedding table is used once more, as the lm_head
-    return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
-
-
 def paired_ratio_quartiles(times, reference_times):
     """How much to trust a ratio of medians on a noisy machine: the first and third quartiles of
     the step-by-step ratios, each step against the reference model's step on the same batch, one
@@ -196,7 +188,7 @@ def main(argv):
           f'{"GFLOP/s":>9}')
     for name, cfg in configs.items():
         n = train.count_params(cfg)
-        gflops = flops_per_token(cfg) * tokens / ms[name] * 1e-6
+        gflops = train.flops_per_token(cfg) * tokens / ms[name] * 1e-6
         tok_s = tokens / ms[name] * 1e3
         print(f'{name:<13} {n["total"]:>11,} {n["active"]:>11,} {ms[name]:>9.1f} {tok_s:>10,.0f} '
               f'{gflops:>9.1f}')

@@ -187,6 +187,31 @@ def print_run_header(c, params, iters, tokens_per_iter, device, use_compile, wor
           f'active), {iters} iters x {tokens_per_iter} tokens, {how}')
 
 
+def print_param_table(c, n, flops_per_token, target):
+    """train.py --print_params: the parameter counts n, the training FLOPs per token and, for a
+    dense model matched to an MoE, its target count; then all of it as one JSON line."""
+    if c.ffn == 'moe':
+        what = f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
+        if c.shared_hidden:
+            what += f', shared expert {c.shared_hidden}'
+    else:
+        what = f'dense: ffn_hidden {c.ffn_hidden}'
+        if c.match:
+            what += f' (matched to the MoE {c.match} params)'
+    print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, '
+          f'vocab {c.vocab_size} | {what}')
+    for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
+        print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
+    print(f'  training FLOPs per token: {flops_per_token:,} ({flops_per_token / 1e6:.3f}M)')
+    summary = {**n, 'ffn_hidden': c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden,
+               'flops_per_token': flops_per_token}
+    if target is not None:
+        error = (n['total'] - target) / target
+        summary.update(match=c.match, match_target=target, match_error=error)
+        print(f'  matched to MoE {c.match} = {target:,}: off by {error:+.3%}')
+    print(json.dumps(summary))
+
+
 def print_eval_line(r, iters):
     """An evaluation record of log.jsonl, as the console shows it."""
     line = f'eval {r["iter"]}/{iters} | val {r["val_loss"]:.4f} | best {r["best_val"]:.4f}'

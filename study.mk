@@ -105,3 +105,38 @@ $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) \
 		--max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) --config_name=b$(word 1,$(subst -s, ,$*)) \
 		$(if $(wildcard out/b$*/log.jsonl),--resume=True)
+
+# make compute: who wins under which budget (results/cpu/compute). Each MoE of COMPUTE_MOES, at cpu_dense_total's
+# total params, trained for the recipe's tokens (its main-protocol run), for cpu_dense_total's training FLOPs
+# (flops_<config>: more tokens) and for cpu_dense_total's time on this machine (time_<config>, from bench.py's
+# step times in results/cpu/compute/bench/<config>.txt, all configs in one process, one thread), each budget
+# with its own warmup and cosine schedule; paired with cpu_dense_total of the same seeds, trained on the same kind
+# of CPU. The logs are kept in results/cpu/compute/runs/ (not runs/: another kind of CPU trained those).
+COMPUTE_MOES ?= cpu_moe
+COMPUTE_SEEDS ?= 1 2 3 4 5
+COMPUTE_BENCH := results/cpu/compute/bench
+COMPUTE_BASE_RUNS := $(foreach c,cpu_dense_total $(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/$(c)-s$(s)/done.json))
+FLOPS_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/flops_$(c)-s$(s)/done.json))
+TIME_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/time_$(c)-s$(s)/done.json))
+compute_runs = $(COMPUTE_BASE_RUNS) $(FLOPS_RUNS) $(TIME_RUNS)
+compute: setup $(compute_runs)
+	for run in $(dir $(compute_runs)); do mkdir -p results/cpu/compute/runs/$$(basename $$run) && \
+		cp $$run/log.jsonl $$run/config.json results/cpu/compute/runs/$$(basename $$run)/; done
+	$(PYTHON) report.py $(patsubst out/%/done.json,results/cpu/compute/runs/%,$(compute_runs)) \
+		--out results/cpu/compute
+# bench.py's step times on this machine, one thread (as the study trains), before any time_ run needs them
+$(COMPUTE_BENCH)/%.txt:
+	mkdir -p $(COMPUTE_BENCH)
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py > $@.tmp && mv $@.tmp $@
+# out/flops_cpu_moe-s2/done.json -> config/cpu_moe.py, seed 2, trained for cpu_dense_total's FLOPs
+budget_config = $(word 1,$(subst -s, ,$1))
+budget_seed = $(word 2,$(subst -s, ,$1))
+$(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=flops_$(call \
+		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py flops config/$(call budget_config,$*).py) \
+		$(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
+$(TIME_RUNS): out/time_%/done.json: $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
+		| data/tinystories_bytes/meta.json
+	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=time_$(call \
+		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py time config/$(call budget_config,$*).py \
+		$(COMPUTE_BENCH)/$(call budget_config,$*).txt) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)

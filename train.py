@@ -438,27 +438,22 @@ def solve_ffn_hidden(c):
     return hidden
 
 
-def print_param_table(c):
+def flops_per_token(c):
+    """Training FLOPs per token, forward and backward: 6 per active matmul parameter (the output
+    layer's included, the embedding lookup's not) plus causal attention, 6 * n_layer * block_size *
+    d_model (scores and values over half the T x T square). train.py logs, bench.py and the GPU
+    check all count with this."""
     n = count_params(c)
-    if c.ffn == 'moe':
-        what = f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
-        if c.shared_hidden:
-            what += f', shared expert {c.shared_hidden}'
-    else:
-        what = f'dense: ffn_hidden {c.ffn_hidden}'
-        if c.match:
-            what += f' (matched to the MoE {c.match} params)'
-    print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, '
-          f'vocab {c.vocab_size} | {what}')
-    for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
-        print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
-    summary = {**n, 'ffn_hidden': c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden}
-    if c.match:
-        target = count_params(c, ffn='moe')[c.match]
-        error = (n['total'] - target) / target
-        summary.update(match=c.match, match_target=target, match_error=error)
-        print(f'  matched to MoE {c.match} = {target:,}: off by {summary["match_error"]:+.3%}')
-    print(json.dumps(summary))
+    head = c.vocab_size * c.d_model  # the output layer, tied to the embedding or not
+    matmul = n['active'] - n['norms'] - n['embedding'] - n['lm_head'] + head
+    return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
+
+
+def print_param_table(c):
+    """--print_params: the counts, the FLOPs per token and, for a matched dense model, how far it is
+    from its target; then all of it as one JSON line."""
+    target = count_params(c, ffn='moe')[c.match] if c.match else None
+    plumbing.print_param_table(c, count_params(c), flops_per_token(c), target)
 
 
 # ----------------------------------------------------------------------------- data
@@ -565,6 +560,7 @@ def main(argv):
     train_model = DistributedDataParallel(step_model) if ddp else step_model
 
     tokens_per_iter = c.batch_size * c.grad_accum * c.block_size  # global: over all processes
+    flops_per_iter = tokens_per_iter * flops_per_token(c)  # for the logs' cumulative training FLOPs
     iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps for max_tokens
     start, best_val = 0, float('inf')
     if ckpt:
@@ -575,8 +571,9 @@ def main(argv):
         log_file = plumbing.open_log(log_path, start if ckpt else None)
         plumbing.save(os.path.join(c.out_dir, 'config.json'), {
             **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
-            'device_used': device.type, 'compile_used': use_compile, 'world_size': world,
-            'cpu': plumbing.cpu_name(), 'torch': torch.__version__})
+            'flops_per_token': flops_per_token(c), 'device_used': device.type,
+            'compile_used': use_compile, 'world_size': world, 'cpu': plumbing.cpu_name(),
+            'torch': torch.__version__})
         plumbing.print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world,
                                   start if ckpt else None)
 
@@ -600,8 +597,8 @@ def main(argv):
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
             if master:
-                record = {'iter': it, 'tokens': it * tokens_per_iter, 'val_loss': val_loss,
-                          'best_val': best_val, **routing}
+                record = {'iter': it, 'tokens': it * tokens_per_iter, 'flops': it * flops_per_iter,
+                          'val_loss': val_loss, 'best_val': best_val, **routing}
                 log_file.write(json.dumps(record) + '\n')
                 plumbing.print_eval_line(record, iters)
                 if improved:
@@ -665,7 +662,7 @@ def main(argv):
             if aux:
                 routing_rows = plumbing.mean_over_processes(routing_rows, world)
         now, tokens = time.time(), done * tokens_per_iter
-        record = {'iter': done, 'tokens': tokens,
+        record = {'iter': done, 'tokens': tokens, 'flops': done * flops_per_iter,
                   **dict(zip(('loss', 'ce', 'lb', 'z'), means.tolist())), 'lr': lr,
                   'tok_per_s': (tokens - tokens_last) / (now - t_last)}
         if aux:

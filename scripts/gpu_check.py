@@ -26,7 +26,6 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-import bench  # noqa: E402
 import plumbing  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError  # noqa: E402
@@ -109,7 +108,7 @@ def main(argv):
             cfg = train.configure(argv_model)
             tok_s = steady_tokens_per_s(os.path.join(tmp, name, 'log.jsonl'))
             run_cfg = json.load(open(os.path.join(tmp, name, 'config.json')))
-            flops = bench.flops_per_token(cfg)
+            flops = train.flops_per_token(cfg)
             result['models'][name] = {
                 'params': train.count_params(cfg), 'tokens_per_s': tok_s,
                 'ms_per_step': 1e3 * run_cfg['tokens_per_iter'] / tok_s,

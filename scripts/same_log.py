@@ -1,6 +1,7 @@
 """Did a rerun reproduce a run? Compares two runs' log.jsonl line by line, every field but tok_per_s
 (the one that depends on the wall clock), exactly: on CPU a run is deterministic, so the numbers
-must be equal.
+must be equal. A field that one log never has (a log written before train.py logged it, such as
+flops) is left out, and named.
 
     python scripts/same_log.py out/cpu_moe-s1 results/cpu/runs/cpu_moe-s1
 
@@ -23,12 +24,18 @@ def read_log(run_dir):
     return [{k: v for k, v in r.items() if k != 'tok_per_s'} for r in records]
 
 
+def fields(log):
+    """Every field any record of the log has."""
+    return set().union(*(r.keys() for r in log))
+
+
 def differences(log_a, log_b):
     """'line N: key a != b' for every field that differs, and one line if the logs differ in
-    length."""
+    length. Only the fields both logs know are compared."""
+    shared = fields(log_a) & fields(log_b)
     found = []
     for i, (a, b) in enumerate(zip(log_a, log_b)):
-        for key in sorted(a.keys() | b.keys()):
+        for key in sorted((a.keys() | b.keys()) & shared):
             if a.get(key) != b.get(key):
                 found.append(f'line {i + 1}: {key} {a.get(key)!r:.60} != {b.get(key)!r:.60}')
     if len(log_a) != len(log_b):
@@ -45,6 +52,9 @@ def main(argv):
     if len(argv) != 2:
         sys.exit('usage: python scripts/same_log.py RUN_DIR OTHER_RUN_DIR')
     log_a, log_b = read_log(argv[0]), read_log(argv[1])
+    only_one = sorted(fields(log_a) ^ fields(log_b))
+    if only_one:
+        print(f'not compared, in one log only: {", ".join(only_one)}')
     found = differences(log_a, log_b)
     if found:
         print(f'{len(found)} differences, the first:', *found[:10], sep='\n  ')

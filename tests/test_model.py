@@ -379,12 +379,27 @@ def test_matcher_lands_within_tolerance_and_refuses_beyond(match):
         config(ffn='dense', match=match, d_model=48, n_layer=4, moe_hidden=96, match_tol=1e-6)
 
 
+def test_flops_per_token_counts_matmuls_and_causal_attention():
+    """The paper's moe, by hand: 6 x (active params - norms; the tied embedding counted once, as
+    the output layer) + 6 x n_layer x block_size x d_model. Untied, the lookup adds nothing."""
+    c = train.configure(['config/moe.py'])
+    by_hand = 6 * (14_721_600 - 9 * 160) + 6 * 4 * 512 * 160
+    assert train.flops_per_token(c) == by_hand == 90_287_040
+    untied = train.configure(['config/moe.py', '--tie_embeddings=False'])
+    assert train.flops_per_token(untied) == by_hand
+    # at the CPU recipe dense_total costs 1.51x the MoE a token
+    moe, dense_total = (train.flops_per_token(train.configure([f'config/cpu_{name}.py']))
+                        for name in ('moe', 'dense_total'))
+    assert (moe, dense_total) == (1_085_832, 1_639_176)
+
+
 def test_print_params_ends_with_one_json_line():
     out = run('train.py', 'config/cpu_dense_active.py', '--print_params=True',
               '--data_dir=/nonexistent')
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden'):
+    for key in ('total', 'active', 'embedding', 'attention', 'ffn', 'router', 'ffn_hidden',
+                'flops_per_token'):
         assert key in summary
     assert summary['total'] == summary['active']
     assert abs(summary['match_error']) <= 0.01

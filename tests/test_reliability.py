@@ -44,6 +44,12 @@ def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
     out = same('a', 'c')
     assert out.returncode == 1 and 'line 1: val_loss 5.5 != 5.25' in out.stdout
     assert out.stdout.splitlines()[-1] == 'best val loss: 5.5000 -> 5.2500 (-0.2500)'
+    # a field one log never has (written before train.py logged it) is named, not compared
+    old = [{k: v for k, v in line.items() if k != 'loss'} for line in lines]
+    (tmp_path / 'old').mkdir()
+    (tmp_path / 'old' / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in old))
+    out = same('c', 'old')
+    assert out.returncode == 0 and out.stdout.startswith('not compared, in one log only: loss\n')
     out = same('a', 'missing')
     assert out.returncode == 1 and 'missing' in out.stderr and 'log.jsonl' in out.stderr
 

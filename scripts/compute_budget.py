@@ -1,0 +1,52 @@
+"""The tokens an MoE trains for to cost what cpu_dense_total costs at the recipe's token budget: in
+training FLOPs, or in time on this machine (from bench.py's step times, measured with the configs in
+one process, one thread, interleaved). Prints one integer, the --max_tokens for train.py.
+
+    python scripts/compute_budget.py flops config/cpu_moe.py
+    python scripts/compute_budget.py time config/cpu_moe.py results/cpu/compute/bench/cpu_moe.txt
+
+A bench file is what `OMP_NUM_THREADS=1 python bench.py CONFIG` printed: its last line is JSON with
+ms_per_step for moe (the config) and dense_total (matched to the config's total params).
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train  # noqa: E402
+from plumbing import UserError, one_line_errors  # noqa: E402
+
+DENSE_TOTAL = 'config/cpu_dense_total.py'
+
+
+def flops_ratio(config):
+    """cpu_dense_total's training FLOPs per token over the config's."""
+    dense = train.flops_per_token(train.configure([DENSE_TOTAL]))
+    return dense / train.flops_per_token(train.configure([config]))
+
+
+def time_ratio(bench_file):
+    """dense_total's step time over the MoE's, from a bench.py output file."""
+    try:
+        result = json.loads(open(bench_file).read().strip().splitlines()[-1])
+        ms = result['ms_per_step']
+        return ms['dense_total'] / ms['moe']
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise UserError(f'cannot read bench.py\'s JSON line from {bench_file} ({e}); make it with '
+                        'OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+
+
+def main(argv):
+    if len(argv) < 2 or argv[0] not in ('flops', 'time') or (argv[0] == 'time') != (len(argv) == 3):
+        raise UserError('usage: compute_budget.py flops CONFIG | time CONFIG BENCH_FILE')
+    recipe_tokens = train.configure([argv[1]]).max_tokens
+    if argv[0] == 'flops':
+        ratio = flops_ratio(argv[1])
+    else:
+        ratio = time_ratio(argv[2])
+    print(round(recipe_tokens * ratio))
+
+
+if __name__ == '__main__':
+    with one_line_errors('compute_budget.py'):
+        main(sys.argv[1:])
