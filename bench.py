@@ -194,7 +194,9 @@ def main(argv):
               f'{gflops:>9.1f}')
     print(f'moe / dense_active: {ms["moe"] / ms["dense_active"]:.3f} (the middle half of the '
           f'per-step ratios: {paired[0]:.3f} to {paired[1]:.3f})')
-    result = {'device': device.type, 'compile': use_compile, 'ms_per_step': ms,
+    result = {'device': device.type, 'compile': use_compile, 'torch': torch.__version__,
+              'hardware': plumbing.cpu_name() if device.type == 'cpu' else str(device),
+              'ms_per_step': ms,
               'tokens_per_s': {name: tokens / v * 1e3 for name, v in ms.items()},
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],
               'moe_over_dense_active_quartiles': list(paired),

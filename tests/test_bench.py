@@ -52,6 +52,8 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     low, high = result['moe_over_dense_active_quartiles']
     assert f'middle half of the per-step ratios: {low:.3f} to {high:.3f}' in out.stdout
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
+    # which machine and torch measured it: a step time means little without them
+    assert result['hardware'] == plumbing.cpu_name() and result['torch'] == torch.__version__
     stages = result['stages_over_dense_active']
     assert (list(stages) == ['experts_only', 'routed', 'moe']
             and stages['moe'] == result['moe_over_dense_active'])
