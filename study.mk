@@ -127,7 +127,7 @@ compute: setup $(compute_runs)
 # bench.py's step times on this machine, one thread (as the study trains), before any time_ run needs them
 $(COMPUTE_BENCH)/%.txt:
 	mkdir -p $(COMPUTE_BENCH)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py > $@.tmp && mv $@.tmp $@
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --steps=20 --rounds=5 > $@.tmp && mv $@.tmp $@
 # out/flops_cpu_moe-s2/done.json -> config/cpu_moe.py, seed 2, trained for cpu_dense_total's FLOPs
 budget_config = $(word 1,$(subst -s, ,$1))
 budget_seed = $(word 2,$(subst -s, ,$1))
