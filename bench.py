@@ -141,7 +141,7 @@ def main(argv):
     c = configs['moe']
     if stages:
         configs.update({name: c for name, (_, cls) in STAGES.items() if cls})
-    device, use_compile, autocast = plumbing.setup_device(c)  # as in training
+    device, use_compile, autocast, _ = plumbing.setup_device(c)  # as in training
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
 
     models = {}

@@ -81,7 +81,9 @@ def check(c):
     if c.data_seed:
         run_name += f'-d{c.data_seed}'
     c.out_dir = c.out_dir or os.path.join('out', run_name)
-    for key, allowed in (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total'))):
+    choices = (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total')),
+               ('dtype', ('auto', 'float32', 'bfloat16', 'float16')))
+    for key, allowed in choices:
         if getattr(c, key) not in allowed:
             raise UserError(f'{key} must be one of {allowed}, got {getattr(c, key)!r}')
     for key in POSITIVE:
@@ -126,3 +128,5 @@ def check_device(device):
                         f'got {device!r}') from None
     if device.startswith('cuda') and not torch.cuda.is_available():
         raise UserError(f'device={device!r} but torch sees no CUDA GPU; use --device=cpu (or auto)')
+    if device == 'mps' and not torch.backends.mps.is_available():
+        raise UserError("device='mps' but torch sees no Apple GPU; use --device=cpu (or auto)")

@@ -5,6 +5,7 @@ checking and restoring a resumed run) and the log file. Nothing here knows the m
 sample.py, export_hf.py, bench.py and prepare.py import from it, as they import configurator.py.
 """
 import contextlib
+import importlib.util
 import json
 import os
 import pickle
@@ -35,25 +36,71 @@ def one_line_errors(script):
 
 
 # ----------------------------------------------------------------------------- device
-def setup_device(c):
-    """-> (device, compile?, autocast): bf16 and compiled on GPU; fp32, eager on CPU (bf16 is slow
-    there)."""
+def pick_device(c):
+    """device = 'auto': a CUDA GPU, else Apple's MPS, else the CPU."""
     if c.device != 'auto':
-        device = torch.device(c.device)
-    elif torch.cuda.is_available():
-        device = torch.device('cuda')
-    else:
-        device = torch.device('cpu')
+        return torch.device(c.device)
+    if torch.cuda.is_available():
+        return torch.device('cuda')
+    if torch.backends.mps.is_available():
+        return torch.device('mps')
+    return torch.device('cpu')
+
+
+def pick_dtype(c, device):
+    """dtype = 'auto': bf16 on a GPU that has it, else fp16 (with a GradScaler: V100, T4); fp32 on
+    a CPU (bf16 is slow there) and on MPS."""
+    if c.dtype != 'auto':
+        return c.dtype
+    if device.type != 'cuda':
+        return 'float32'
+    return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+
+
+def compile_problem(device):
+    """Why torch.compile cannot train on this device, or None."""
+    if device.type == 'mps':
+        return "torch.compile does not support Apple's MPS well enough to train"
+    if device.type == 'cuda' and importlib.util.find_spec('triton') is None:
+        return 'torch.compile needs Triton on a CUDA GPU, and it is not installed'
+    return None
+
+
+def setup_device(c):
+    """-> (device, compile?, autocast, scaler). compile = None: on for a CUDA GPU; off, with a line
+    saying why, where it cannot work. The scaler is a GradScaler for fp16 and a no-op otherwise."""
+    device = pick_device(c)
     if device.type == 'cuda' and 'LOCAL_RANK' in os.environ:  # torchrun: one GPU per process
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
         torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = True
-    if device.type == 'cuda':
-        autocast = torch.autocast('cuda', dtype=torch.bfloat16)
-    else:
+    dtype = pick_dtype(c, device)
+    if dtype == 'float32':
         autocast = contextlib.nullcontext()
+    else:
+        autocast = torch.autocast(device.type, dtype=getattr(torch, dtype))
+    # fp16 gradients can underflow: the scaler scales the loss up and skips a step on inf or nan
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == 'float16')
     use_compile = device.type == 'cuda' if c.compile is None else c.compile
-    return device, use_compile, autocast
+    problem = compile_problem(device)
+    if use_compile and problem:
+        print(f'compile is off: {problem}')
+        use_compile = False
+    return device, use_compile, autocast, scaler
+
+
+# dense bf16 (fp16 on the V100 and T4) tensor-core peaks in FLOP/s, without sparsity, from NVIDIA's
+# data sheets (SXM parts where there are two); a longer name before a shorter one it contains
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'L4': 121e12,
+              'A10': 125e12, 'V100': 125e12, 'T4': 65e12}
+
+
+def peak_flops(device):
+    """The GPU's peak FLOP/s, for the MFU, or None (a CPU, MPS, a GPU not in PEAK_FLOPS)."""
+    if device.type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for gpu, peak in PEAK_FLOPS.items() if gpu in name), None)
 
 
 def cpu_name():
@@ -119,12 +166,13 @@ def load_checkpoint(path):
                         'and plain data): refusing to unpickle arbitrary objects') from None
 
 
-def checkpoint_state(model, optimizer, c, meta, it, tokens, best_val, device):
-    """Everything a step depends on: weights, optimizer moments, the step (-> data, learning rate),
-    the RNG; and the config and data it was trained with."""
+def checkpoint_state(model, optimizer, scaler, c, meta, it, tokens, best_val, device):
+    """Everything a step depends on: weights, optimizer moments, the fp16 loss scale, the step
+    (-> data, learning rate), the RNG; and the config and data it was trained with."""
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == 'cuda' else None
-    return {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'config': vars(c),
-            'meta': meta, 'iter': it, 'tokens': tokens, 'best_val': best_val,
+    return {'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
+            'scaler': scaler.state_dict(), 'config': vars(c), 'meta': meta, 'iter': it,
+            'tokens': tokens, 'best_val': best_val,
             'rng': {'torch': torch.get_rng_state(), 'cuda': cuda_rng}}
 
 
@@ -137,7 +185,7 @@ def load_resume_checkpoint(path, c, defaults):
         raise
     except Exception as e:  # not a file torch can read, or not one of ours
         raise UserError(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
-    may_differ = {'resume', 'device', 'compile', 'out_dir', 'data_dir'}
+    may_differ = {'resume', 'device', 'dtype', 'compile', 'out_dir', 'data_dir'}
     # a key newer than the checkpoint counts as its default, which is how the older code behaved
     changed = sorted(k for k in defaults
                      if k not in may_differ and saved.get(k, defaults[k]) != getattr(c, k))
@@ -160,10 +208,12 @@ def checkpoint_to_resume(c, defaults):
     return None
 
 
-def restore(ckpt, model, optimizer, device):
+def restore(ckpt, model, optimizer, scaler, device):
     """Put a run back where checkpoint_state found it. -> (start iter, best val loss so far)."""
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt.get('scaler'):  # an fp16 run's loss scale (older checkpoints have none)
+        scaler.load_state_dict(ckpt['scaler'])
     torch.set_rng_state(ckpt['rng']['torch'])
     if ckpt['rng']['cuda'] is not None and device.type == 'cuda':
         torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
@@ -212,8 +262,9 @@ def print_param_table(c, n, flops_per_token, target):
     print(json.dumps(summary))
 
 
-def print_eval_line(r, iters):
-    """An evaluation record of log.jsonl, as the console shows it."""
+def log_eval(log_file, r, iters):
+    """An evaluation record: a line of log.jsonl, and the console's line."""
+    log_file.write(json.dumps(r) + '\n')
     line = f'eval {r["iter"]}/{iters} | val {r["val_loss"]:.4f} | best {r["best_val"]:.4f}'
     if 'busiest_frac' in r:
         line += f' | busiest_frac {r["busiest_frac"]:.3f}'
@@ -221,13 +272,15 @@ def print_eval_line(r, iters):
     print(line)
 
 
-def print_train_line(r, iters, eta):
-    """A training record of log.jsonl, as the console shows it, with the time left."""
+def log_train(log_file, r, iters, eta):
+    """A training record: a line of log.jsonl, and the console's line with the time left."""
+    log_file.write(json.dumps(r) + '\n')
     losses = ' | '.join(f'{key} {r[key]:.4f}' for key in ('loss', 'ce', 'lb', 'z') if key in r)
     if 'busiest_frac' in r:
         losses += f' | busiest {r["busiest_frac"]:.3f}'
+    mfu = f' | mfu {r["mfu"]:.1%}' if 'mfu' in r else ''
     print(f'iter {r["iter"]}/{iters} | {losses} | lr {r["lr"]:.2e} | '
-          f'{r["tok_per_s"] / 1e3:.1f}k tok/s | eta {eta}')
+          f'{r["tok_per_s"] / 1e3:.1f}k tok/s{mfu} | eta {eta}')
 
 
 def mean_over_processes(t, world):

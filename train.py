@@ -7,11 +7,9 @@ tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
     torchrun --standalone --nproc_per_node=4 train.py config/moe.py --grad_accum=4 --batch_size=32
 
 Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The paper's
-three configs share the defaults below and differ only in the FFN; config files, then --key=value
-overrides, replace them. Plumbing (errors, device, files, checkpoints) is in plumbing.py.
+three configs differ only in the FFN. Errors, device, files and checkpoints: plumbing.py.
 """
 import datetime
-import json
 import math
 import os
 import sys
@@ -84,7 +82,8 @@ log_interval = 50
 ckpt_interval = 250       # steps between saves of latest.pt (a multiple of log_interval)
 resume = False            # continue the run in out_dir from its latest.pt, as if never stopped
 # system
-device = 'auto'           # 'auto' -> cuda if available, else cpu
+device = 'auto'           # 'auto' -> a CUDA GPU, else Apple's MPS, else the CPU
+dtype = 'auto'            # 'float32' | 'bfloat16' | 'float16'; auto: bf16 on GPUs (old ones: fp16)
 compile = None            # torch.compile; None -> on for CUDA, off for CPU
 
 DEFAULTS = {k: v for k, v in globals().items()
@@ -547,7 +546,7 @@ def main(argv):
     ddp, master = world > 1, rank == 0
     ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
 
-    device, use_compile, autocast = plumbing.setup_device(c)
+    device, use_compile, autocast, scaler = plumbing.setup_device(c)
     if ddp:
         dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
     torch.manual_seed(c.seed)
@@ -561,10 +560,11 @@ def main(argv):
 
     tokens_per_iter = c.batch_size * c.grad_accum * c.block_size  # global: over all processes
     flops_per_iter = tokens_per_iter * flops_per_token(c)  # for the logs' cumulative training FLOPs
+    peak_flops = plumbing.peak_flops(device)  # None where not known (the CPU): no MFU
     iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps for max_tokens
     start, best_val = 0, float('inf')
     if ckpt:
-        start, best_val = plumbing.restore(ckpt, model, optimizer, device)
+        start, best_val = plumbing.restore(ckpt, model, optimizer, scaler, device)
     if master:
         os.makedirs(c.out_dir, exist_ok=True)
         log_path = os.path.join(c.out_dir, 'log.jsonl')
@@ -578,8 +578,8 @@ def main(argv):
                                   start if ckpt else None)
 
     def checkpoint(name, it):
-        state = plumbing.checkpoint_state(model, optimizer, c, meta, it, it * tokens_per_iter,
-                                          best_val, device)
+        state = plumbing.checkpoint_state(model, optimizer, scaler, c, meta, it,
+                                          it * tokens_per_iter, best_val, device)
         plumbing.save(os.path.join(c.out_dir, name), state)
 
     last_saved = start if ckpt else None  # the iter of latest.pt
@@ -599,8 +599,7 @@ def main(argv):
             if master:
                 record = {'iter': it, 'tokens': it * tokens_per_iter, 'flops': it * flops_per_iter,
                           'val_loss': val_loss, 'best_val': best_val, **routing}
-                log_file.write(json.dumps(record) + '\n')
-                plumbing.print_eval_line(record, iters)
+                plumbing.log_eval(log_file, record, iters)
                 if improved:
                     checkpoint('best.pt', it)
             t_last += time.time() - t_eval  # throughput excludes evaluation
@@ -623,15 +622,17 @@ def main(argv):
                 with autocast:
                     _, ce, aux = train_model(x[rows], y[rows])
                     loss = training_loss(ce, aux, c)
-                (loss / len(my_micro)).backward()
+                scaler.scale(loss / len(my_micro)).backward()  # scaled in fp16 only
             sums = sums + loss_terms(loss, ce, aux)
             n_sums += 1
             first_bad = torch.where(loss.isfinite(), first_bad, first_bad.clamp(max=it))
 
-        # step: clip the gradient norm, AdamW
+        # step: clip the gradient norm, AdamW (fp16: unscaled first, skipped on inf)
+        scaler.unscale_(optimizer)
         if c.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
         # bias balancing, from the last micro-batch's routing. Under DDP each process moves its
@@ -667,11 +668,11 @@ def main(argv):
                   'tok_per_s': (tokens - tokens_last) / (now - t_last)}
         if aux:
             record.update(routing_stats(routing_rows))
+        if peak_flops:  # model FLOP utilisation, per GPU
+            record['mfu'] = record['tok_per_s'] / world * flops_per_token(c) / peak_flops
         if master:
-            log_file.write(json.dumps(record) + '\n')
-            seconds_left = (now - t_start) / (done - start) * (iters - done)
-            eta = datetime.timedelta(seconds=round(seconds_left))
-            plumbing.print_train_line(record, iters, eta)
+            eta = round((now - t_start) / (done - start) * (iters - done))  # seconds left
+            plumbing.log_train(log_file, record, iters, datetime.timedelta(seconds=eta))
             if done % c.ckpt_interval == 0 or done == iters:
                 checkpoint('latest.pt', done)
                 last_saved = done

@@ -1,0 +1,121 @@
+"""The GPU a learner has, checked on a CPU: which device and precision `auto` picks (with the
+availability of CUDA, bf16 and MPS monkeypatched), fp16 training with a GradScaler, where compile is
+turned off and why, and the MFU on the training line."""
+import contextlib
+import json
+
+import pytest
+import torch
+
+import plumbing
+import train
+from conftest import TINY, config, run
+from plumbing import UserError
+
+
+@pytest.mark.parametrize('cuda, bf16, mps, device, dtype', [
+    (True, True, False, 'cuda', 'bfloat16'),   # an A100, H100, ...
+    (True, False, False, 'cuda', 'float16'),   # a V100 or T4: fp16 with a GradScaler
+    (False, False, True, 'mps', 'float32'),    # a Mac
+    (False, False, False, 'cpu', 'float32')])
+def test_auto_picks_cuda_then_mps_then_the_cpu_and_bf16_only_where_supported(
+        monkeypatch, cuda, bf16, mps, device, dtype):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda: bf16)
+    monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
+    c = config()
+    picked = plumbing.pick_device(c)
+    assert picked.type == device and plumbing.pick_dtype(c, picked) == dtype
+    # the dtype key overrides
+    assert plumbing.pick_dtype(config(dtype='float16'), picked) == 'float16'
+
+
+def test_compile_is_turned_off_where_it_cannot_work_with_one_line_saying_why(monkeypatch, capsys):
+    assert 'MPS' in plumbing.compile_problem(torch.device('mps'))
+    assert plumbing.compile_problem(torch.device('cpu')) is None
+    real_find_spec = plumbing.importlib.util.find_spec
+    monkeypatch.setattr(plumbing.importlib.util, 'find_spec',
+                        lambda name: None if name == 'triton' else real_find_spec(name))
+    assert 'Triton' in plumbing.compile_problem(torch.device('cuda'))
+    # asked for on a Mac: off, with the reason
+    monkeypatch.setattr(plumbing, 'pick_device', lambda c: torch.device('mps'))
+    _, use_compile, autocast, scaler = plumbing.setup_device(config(compile=True))
+    assert use_compile is False and not scaler.is_enabled()
+    assert isinstance(autocast, contextlib.nullcontext)
+    assert capsys.readouterr().out == (
+        "compile is off: torch.compile does not support Apple's MPS well enough to train\n")
+
+
+def fp16_step(model, opt, autocast, scaler, c, idx, break_grad=False):
+    """One training step as train.py takes it in fp16; break_grad puts an inf in a gradient."""
+    with autocast:
+        _, ce, aux = model(idx[:, :-1], idx[:, 1:])
+        loss = train.training_loss(ce, aux, c)
+    scaler.scale(loss).backward()
+    if break_grad:
+        model.embed.weight.grad[0, 0] = float('inf')
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def test_fp16_steps_with_a_grad_scaler_and_skips_a_step_with_an_inf_gradient():
+    c = config(dtype='float16', device='cpu')
+    _, _, autocast, scaler = plumbing.setup_device(c)
+    assert scaler.is_enabled() and scaler.get_scale() == 2.0 ** 16
+    torch.manual_seed(0)
+    model = train.Transformer(c)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, c.vocab_size, (4, c.block_size + 1))
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = fp16_step(model, opt, autocast, scaler, c, idx)
+    assert loss.isfinite()
+    stepped = {k: v.clone() for k, v in model.state_dict().items()}
+    assert not torch.equal(stepped['embed.weight'], start['embed.weight'])
+    # an inf in a gradient: no weight moves and the loss scale halves
+    fp16_step(model, opt, autocast, scaler, c, idx, break_grad=True)
+    assert all(torch.equal(v, stepped[k]) for k, v in model.state_dict().items())
+    assert scaler.get_scale() == 2.0 ** 15
+
+
+def test_train_runs_in_fp16_and_resumes_its_loss_scale(prepared, tmp_path):
+    """train.py end to end with --dtype=float16 on the CPU: it learns, and latest.pt holds the
+    scaler's state for a resume."""
+    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, "--dtype='float16'"]
+    out = run('train.py', *args, f'--out_dir={tmp_path / "fp16"}')
+    assert out.returncode == 0, out.stderr
+    evals = [json.loads(line)['val_loss'] for line in open(tmp_path / 'fp16' / 'log.jsonl')
+             if 'val_loss' in line]
+    assert evals[-1] < 0.6 * evals[0]
+    ckpt = plumbing.load_checkpoint(str(tmp_path / 'fp16' / 'latest.pt'))
+    assert ckpt['scaler']['scale'] > 0 and ckpt['config']['dtype'] == 'float16'
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason='this machine has an Apple GPU')
+def test_asking_for_mps_without_it_is_one_line_naming_the_fix():
+    fix = "device='mps' but torch sees no Apple GPU; use --device=cpu"
+    with pytest.raises(UserError, match=fix):
+        config(device='mps')
+
+
+@pytest.mark.parametrize('name, peak', [('NVIDIA H200', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12),
+                                        ('NVIDIA L40S', 362e12), ('Tesla T4', 65e12),
+                                        ('Some Other GPU', None)])
+def test_peak_flops_by_gpu_name(monkeypatch, name, peak):
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: name)
+    assert plumbing.peak_flops(torch.device('cuda')) == peak
+    assert plumbing.peak_flops(torch.device('cpu')) is None
+
+
+def test_the_training_line_shows_mfu_where_it_is_known(tmp_path, capsys):
+    record = {'iter': 10, 'loss': 2.0, 'ce': 2.0, 'lr': 1e-3, 'tok_per_s': 2e6, 'mfu': 0.3125}
+    with open(tmp_path / 'log.jsonl', 'w') as log_file:
+        plumbing.log_train(log_file, record, 100, '0:01:00')
+        del record['mfu']
+        plumbing.log_train(log_file, record, 100, '0:01:00')
+    with_mfu, without = capsys.readouterr().out.splitlines()
+    assert '2000.0k tok/s | mfu 31.2% | eta 0:01:00' in with_mfu
+    assert 'mfu' not in without
