@@ -19,8 +19,10 @@ import json
 import math
 import os
 import sys
+import types
 from collections import defaultdict
 
+import train
 from plumbing import UserError, one_line_errors
 
 ROLES = ('dense_active', 'moe', 'dense_total')
@@ -38,10 +40,25 @@ EMPTY_CURVE = {'tokens': [], 'active': [], 'total': []}
 # the two gaps: which role is subtracted from which (a positive gap: the first model is worse)
 GAP_ROLES = {'active': ('dense_active', 'moe'), 'total': ('moe', 'dense_total')}
 GAP_LABELS = {'active': 'dense_active - moe', 'total': 'moe - dense_total'}
+# a run named <budget>_<config> trains the config for another budget than the recipe's tokens:
+# cpu_dense_total's training FLOPs, or its time (make compute, scripts/compute_budget.py)
+BUDGETS = ('tokens', 'flops', 'time')
+
+
+def budget_of(name):
+    """'flops_cpu_moe' -> ('flops', 'cpu_moe'); a config at its own token budget -> ('tokens',
+    name)."""
+    prefix, _, config = name.partition('_')
+    if prefix in BUDGETS[1:] and config:
+        return prefix, config
+    return 'tokens', name
 
 
 def role_of(name):
-    """-> (family prefix, role), or (None, None) for configs outside the three-way comparison."""
+    """-> (family prefix, role), or (None, None) for configs outside the three-way comparison
+    (budget runs among them: they are compared by compute_gaps)."""
+    if budget_of(name)[0] != 'tokens':
+        return None, None
     for role in ROLES:
         if name == role or name.endswith('_' + role):
             return name[:-len(role)], role
@@ -67,6 +84,27 @@ def read_records(path, lines, warn):
         except ValueError:
             warn(f'{path}: skipped an unreadable log line')
     return records
+
+
+def add_flops(config, records):
+    """The training FLOPs so far on every record, as train.py logs them; computed from the config
+    for logs written before it did (train.flops_per_token, the one count)."""
+    if 'flops_per_token' not in config:
+        c = types.SimpleNamespace(**{**train.DEFAULTS, **config})
+        config['flops_per_token'] = train.flops_per_token(c)
+    for r in records:
+        r.setdefault('flops', r['tokens'] * config['flops_per_token'])
+
+
+def train_seconds(records):
+    """Training time from the log, evaluation excluded: each training line's tokens since the
+    line before, over its tok_per_s."""
+    seconds, tokens = 0.0, 0
+    for r in records:
+        if 'tok_per_s' in r:
+            seconds += (r['tokens'] - tokens) / r['tok_per_s']
+            tokens = r['tokens']
+    return seconds
 
 
 def load_runs(paths, warn):
@@ -102,12 +140,15 @@ def load_runs(paths, warn):
             warn(f'skipped {path}: {name} seed {seed} already comes from '
                  f'{runs[name][seed]["path"]}')
             continue
+        add_flops(config, records)
         best = min(finite, key=lambda r: r['val_loss'])
         below = (r['iter'] for r in records if r.get('ce', math.inf) < EXIT_CE)
         exit_step = next(below, None)
         finished = evals[-1]['iter'] == config.get('iters')
         runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
-                            'exit_step': exit_step, 'finished': finished}
+                            'exit_step': exit_step, 'finished': finished,
+                            'flops': records[-1]['flops'], 'tokens': records[-1]['tokens'],
+                            'train_seconds': train_seconds(records)}
         if not finished:
             warn(f'{path} has not finished (last eval at iter {evals[-1]["iter"]} of '
                  f'{config.get("iters")})')
@@ -196,7 +237,9 @@ def summarise(runs, warn):
             warn(f'{name}: seeds have different parameter counts (different overrides under one '
                  'name?)')
         mean, std = mean_std([r['best']['val_loss'] for r in seeds.values()])
+        flops, _ = mean_std([r['flops'] for r in seeds.values()])
         configs[name] = {'role': role, 'total': params['total'], 'active': params['active'],
+                         'flops': flops,
                          'seeds': {str(s): seeds[s]['best']['val_loss'] for s in sorted(seeds)},
                          'mean': mean, 'std': std,
                          'exit_step': {str(s): seeds[s]['exit_step'] for s in sorted(seeds)}}
@@ -225,6 +268,7 @@ def summarise(runs, warn):
                           if 'diagnostics' in c}
     out['variants'], out['variant_curves'] = variants(runs, warn)
     out['scan'] = scan(out['families'], runs)
+    out['compute'] = compute_gaps(runs)
     return out
 
 
@@ -267,6 +311,47 @@ def variants(runs, warn):
         for name in defaults + list(deltas):
             by_config[name] = curve_mean(runs[name], key)
     return deltas, curves
+
+
+def dense_total_of(config, runs):
+    """The dense_total an MoE config is matched to: its family's (cpu_moe -> cpu_dense_total),
+    or for a variant its base MoE's (cpu_moe_shared -> cpu_dense_total); None if not in runs."""
+    moes = [name for name in runs if role_of(name)[1] == 'moe']
+    base = max((b for b in moes if config == b or config.startswith(b + '_')), key=len,
+               default=None)
+    if base is None:
+        return None
+    dense = role_of(base)[0] + 'dense_total'
+    return dense if dense in runs else None
+
+
+def budget_summary(seeds):
+    """A config's tokens, training FLOPs and training seconds: means over its seeds."""
+    return {key: mean_std([r[key] for r in seeds.values()])[0]
+            for key in ('tokens', 'flops', 'train_seconds')}
+
+
+def compute_gaps(runs):
+    """Who wins under which budget: each MoE trained at the recipe's tokens and, where its
+    flops_/time_ runs exist, at dense_total's training FLOPs and time, against that dense_total,
+    seed-paired (vs_dense_total: MoE - dense_total, negative = the MoE is better). Only MoEs with
+    a budget run; {} without any."""
+    out = {}
+    for name in sorted(runs):
+        budget, config = budget_of(name)
+        if budget == 'tokens' or config not in runs:
+            continue
+        dense = dense_total_of(config, runs)
+        if dense is None:
+            continue
+        entry = out.setdefault(config, {'dense_total': dense, **budget_summary(runs[dense]),
+                                        'budgets': {}})
+        for b, run_name in (('tokens', config), (budget, name)):
+            entry['budgets'][b] = {**budget_summary(runs[run_name]),
+                                   'vs_dense_total': paired(runs[run_name], runs[dense]) or NO_GAP}
+    for entry in out.values():  # budgets in a fixed order
+        entry['budgets'] = {b: entry['budgets'][b] for b in BUDGETS if b in entry['budgets']}
+    return out
 
 
 def curve_mean(seeds, key):
@@ -347,14 +432,15 @@ def vs_dense_text(g):
 
 def config_lines(summary):
     lines = [
-        '| config | role | total params | active params | seeds | best val loss | paper | '
-        'leaves the plateau |',
-        '|---|---|---|---|---|---|---|---|',
+        '| config | role | total params | active params | training FLOPs | seeds | '
+        'best val loss | paper | leaves the plateau |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
     for name, c in summary['configs'].items():
         paper = mean_pm_std(*PAPER[c['role']]) if name in ROLES else ''
         lines.append(f'| {name} | {c["role"] or "-"} | {c["total"]:,} | {c["active"]:,} | '
-                     f'{",".join(c["seeds"])} | {mean_pm_std(c["mean"], c["std"])} | {paper} | '
+                     f'{c["flops"]:.3g} | {",".join(c["seeds"])} | '
+                     f'{mean_pm_std(c["mean"], c["std"])} | {paper} | '
                      f'{exit_text(c["exit_step"])} |')
     return lines
 
@@ -391,6 +477,30 @@ def family_lines(family, fam):
         for i, t in enumerate(curve['tokens']):
             cells = ' | '.join(f'{curve[g][i]:+.4f}' for g in shown)
             lines.append(f'| {t / 1e6:.2f}M | ' + cells + ' |')
+    return lines
+
+
+def compute_lines(compute):
+    lines = [
+        '', '## Who wins under which budget', '',
+        'Each MoE against the dense model of its total params, trained for the recipe\'s tokens, '
+        'for that dense model\'s training FLOPs and for its time (train.py\'s FLOPs count; '
+        'training time from the logs, evaluation excluded). MoE - dense_total, seed-paired: '
+        'negative = the MoE is better; [k of n]: seeds where it is.', '',
+        '| MoE | budget | tokens | training FLOPs | training time | vs dense_total | '
+        'standard error | per seed |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for name, entry in compute.items():
+        lines.append(f'| {entry["dense_total"]} | (the reference) | {entry["tokens"] / 1e6:.2f}M | '
+                     f'{entry["flops"]:.3g} | {entry["train_seconds"]:.0f} s | | | |')
+        for budget, b in entry['budgets'].items():
+            g = b['vs_dense_total']
+            se = '-' if g['se'] is None else f'{g["se"]:.4f}'
+            per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
+            lines.append(f'| {name} | equal {budget} | {b["tokens"] / 1e6:.2f}M | '
+                         f'{b["flops"]:.3g} | {b["train_seconds"]:.0f} s | {vs_dense_text(g)} | '
+                         f'{se} | {per_seed} |')
     return lines
 
 
@@ -476,6 +586,8 @@ def markdown(summary, runs, warnings, plots):
         lines += scan_lines(summary['scan'])
     if summary['variants']:
         lines += variant_lines(summary['variants'], summary['variant_curves'])
+    if summary['compute']:
+        lines += compute_lines(summary['compute'])
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:
@@ -493,7 +605,8 @@ def plot(summary, runs, out_dir):
     written = []
     for family, fam in summary['families'].items():
         tag = family.rstrip('_') or 'paper'
-        written.append(plot_val_loss(plt, fam, runs, out_dir, tag))
+        written.append(plot_val_loss(plt, fam, runs, out_dir, tag, 'tokens'))
+        written.append(plot_val_loss(plt, fam, runs, out_dir, tag, 'flops'))
         if fam['gap_vs_tokens']['tokens']:
             written.append(plot_gaps(plt, fam['gap_vs_tokens'], out_dir, tag))
     if summary['scan']:
@@ -505,31 +618,35 @@ def plot(summary, runs, out_dir):
     return written
 
 
-def plot_val_loss(plt, fam, runs, out_dir, tag):
+def plot_val_loss(plt, fam, runs, out_dir, tag, x):
+    """Validation loss against training tokens or (x = 'flops') training FLOPs: the MoE and
+    dense_total cost different FLOPs a token."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for role in ROLES:
         if role not in fam['configs']:
             continue
         seeds = runs[fam['configs'][role]].values()
-        tokens = sorted(set.intersection(*({r['tokens'] for r in s['evals']} for s in seeds)))
+        points = sorted(set.intersection(*({r[x] for r in s['evals']} for s in seeds)))
         # the untrained model's loss would squash the axis
-        tokens = [t for t in tokens if t > 0]
-        curves = [[val_at_tokens(s)[t] for t in tokens] for s in seeds]
-        if not tokens:
+        points = [p for p in points if p > 0]
+        curves = [[{r[x]: r['val_loss'] for r in s['evals']}[p] for p in points] for s in seeds]
+        if not points:
             continue
         mean = [sum(v) / len(v) for v in zip(*curves)]
-        ax.plot(tokens, mean, label=f'{fam["configs"][role]} ({len(curves)} seeds)')
+        ax.plot(points, mean, label=f'{fam["configs"][role]} ({len(curves)} seeds)')
         low = [min(v) for v in zip(*curves)]
         high = [max(v) for v in zip(*curves)]
-        ax.fill_between(tokens, low, high, alpha=0.25)
-    ax.set(xlabel='training tokens', ylabel='validation loss',
+        ax.fill_between(points, low, high, alpha=0.25)
+    xlabel = 'training FLOPs' if x == 'flops' else 'training tokens'
+    ax.set(xlabel=xlabel, ylabel='validation loss',
            title=f'{tag}: validation loss (band: min-max over seeds)')
     low = min((line.get_ydata().min() for line in ax.get_lines()), default=None)
     # early losses would squash the interesting end
     if low is not None and math.isfinite(low):
         ax.set_ylim(top=min(ax.get_ylim()[1], 1.5 * low))
     ax.legend()
-    return save(fig, out_dir, f'{tag}_val_loss.png')
+    suffix = '_flops' if x == 'flops' else ''
+    return save(fig, out_dir, f'{tag}_val_loss{suffix}.png')
 
 
 def plot_gaps(plt, curve, out_dir, tag):

@@ -39,10 +39,11 @@ def read_config(folder):
 
 
 def write_run(folder, name, seed, total, active, moe, best_val=None):
+    """A run of 2,500 training tokens at 6 x active FLOPs a token."""
     folder.mkdir(parents=True)
     config = {'config_name': name, 'seed': seed, 'iters': 20, 'tokens_per_iter': 100,
               'd_model': 16, 'data_dir': str(folder.parent.parent / 'data'),
-              'params': {'total': total, 'active': active}}
+              'params': {'total': total, 'active': active}, 'flops_per_token': 6 * active}
     (folder / 'config.json').write_text(json.dumps(config))
     lines, best = [], math.inf
     values = curve(best_val or BEST[name][seed], seed)
@@ -135,7 +136,9 @@ def test_table_gaps_and_curves_are_exact(runs):
     assert v['vs_dense_active']['mean'] == pytest.approx(1.30 - 1.25)
 
     text = (runs / 'rep' / 'report.md').read_text()
-    assert '| cpu_moe | moe | 270 | 160 | 1,2,3 | 1.2033 ± 0.0153 |' in text
+    # 2,500 tokens at 6 x 160 FLOPs
+    assert '| cpu_moe | moe | 270 | 160 | 2.4e+06 | 1,2,3 | 1.2033 ± 0.0153 |' in text
+    assert (runs / 'rep' / 'cpu_val_loss_flops.png').exists()
     assert ('| cpu_moe_top1 | cpu_moe | +0.1000 ± 0.0000 | 1 | s1: +0.1000 | '
             '+0.1200 ± 0.0000 [0 of 1 < 0] | +0.0500 ± 0.0000 [0 of 1 < 0] |') in text
     for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png', 'variants_routing.png'):
@@ -227,6 +230,57 @@ def test_diverged_truncated_and_old_logs_do_not_break_the_report(runs):
     busiest = r['variant_curves']['busiest_frac']['cpu_moe']['mean']
     assert busiest == pytest.approx([0.315, 0.415, 0.515])
     assert not math.isnan(r['configs']['cpu_moe']['mean'])
+
+
+def test_who_wins_under_which_budget(tmp_path):
+    """cpu_moe at the recipe's tokens, at dense_total's FLOPs (flops_cpu_moe) and at its time
+    (time_cpu_moe), against cpu_dense_total seed by seed, with each budget's tokens, FLOPs and
+    training time (from tok_per_s)."""
+    best = {'cpu_dense_total': (1.20, 1.22), 'cpu_moe': (1.25, 1.24),
+            'flops_cpu_moe': (1.18, 1.23), 'time_cpu_moe': (1.21, 1.21)}
+    scale = {'cpu_dense_total': 1.0, 'cpu_moe': 1.0, 'flops_cpu_moe': 1.5, 'time_cpu_moe': 1.25}
+    for name, values in best.items():
+        for seed, value in enumerate(values, 1):
+            folder = tmp_path / 'out' / f'{name}-s{seed}'
+            write_run(folder, name, seed, 270, 270 if 'dense' in name else 160, False, value)
+            # the budget's tokens, at 1,000 tokens a second
+            lines = [json.loads(x) for x in (folder / 'log.jsonl').read_text().splitlines()]
+            for r in lines:
+                r['tokens'] = round(r['tokens'] * scale[name])
+                if 'ce' in r:
+                    r['tok_per_s'] = 1000.0
+            write_jsonl(folder / 'log.jsonl', lines)
+    report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep')])
+    r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
+    moe = r['compute']['cpu_moe']
+    assert moe['dense_total'] == 'cpu_dense_total' and list(moe['budgets']) == ['tokens', 'flops',
+                                                                                 'time']
+    assert (moe['tokens'], moe['flops'], moe['train_seconds']) == (2500, 2500 * 6 * 270, 2.5)
+    for budget, name in (('tokens', 'cpu_moe'), ('flops', 'flops_cpu_moe'),
+                         ('time', 'time_cpu_moe')):
+        b = moe['budgets'][budget]
+        assert b['tokens'] == round(2500 * scale[name])
+        assert b['flops'] == b['tokens'] * 6 * 160 and b['train_seconds'] == b['tokens'] / 1000
+        diffs = [m - d for m, d in zip(best[name], best['cpu_dense_total'])]
+        g = b['vs_dense_total']
+        assert g['per_seed'] == {str(s): pytest.approx(d) for s, d in enumerate(diffs, 1)}
+        assert g['mean'] == pytest.approx(statistics.mean(diffs))
+    # budget runs are in no family of their own
+    assert set(r['families']) == {'cpu_'}
+    text = (tmp_path / 'rep' / 'report.md').read_text()
+    row = '| cpu_moe | equal flops | 0.00M | 3.6e+06 | 4 s | -0.0050 ± 0.0212 [1 of 2 < 0] |'
+    assert row in text
+
+
+def test_flops_of_logs_written_before_train_logged_them():
+    """A run whose config.json has no flops_per_token gets train.py's count."""
+    config = {'config_name': 'cpu_moe', 'ffn': 'moe', 'd_model': 44, 'n_layer': 4, 'n_head': 2,
+              'vocab_size': 257, 'block_size': 256, 'moe_hidden': 88, 'n_experts': 4,
+              'top_k': 2}
+    records = [{'iter': 0, 'tokens': 0}, {'iter': 10, 'tokens': 40960}]
+    report.add_flops(config, records)
+    assert config['flops_per_token'] == 1_085_832  # cpu_moe's, as train.py counts it
+    assert [r['flops'] for r in records] == [0, 40960 * 1_085_832]
 
 
 def test_no_runs_is_one_clear_error(tmp_path):
