@@ -23,7 +23,8 @@ TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
-	$(PYTHON) -m pip install -q -r requirements.txt pytest transformers  # transformers: export tests only
+	@# transformers and wandb: for their tests only (export, W&B logging); neither is needed to train
+	$(PYTHON) -m pip install -q -r requirements.txt pytest transformers wandb
 	$(PYTHON) -m pip install -q ruff==0.17.6  # the linter test runs, pinned: a new release adds rules
 
 # the linter (settings in pyproject.toml: pyflakes, pycodestyle at 100 columns, import order), then the tests

@@ -8,6 +8,7 @@ are errors that name the closest valid key, so a typo never silently falls back 
 """
 import ast
 import difflib
+import importlib.util
 import os
 import types
 
@@ -93,6 +94,9 @@ def check(c):
         if getattr(c, key) < 0:
             raise UserError(f'{key} must be >= 0, got {getattr(c, key)}')
     check_device(c.device)
+    if c.wandb_log and importlib.util.find_spec('wandb') is None:
+        raise UserError('wandb_log=True needs the wandb package: pip install wandb '
+                        '(or leave wandb_log off)')
     world = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's processes
     if c.grad_accum % world:
         raise UserError(f'grad_accum ({c.grad_accum}) must be a multiple of the number of '

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import platform
+import secrets
 import sys
 import warnings
 
@@ -185,7 +186,8 @@ def load_resume_checkpoint(path, c, defaults):
         raise
     except Exception as e:  # not a file torch can read, or not one of ours
         raise UserError(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
-    may_differ = {'resume', 'device', 'dtype', 'compile', 'out_dir', 'data_dir'}
+    may_differ = {'resume', 'device', 'dtype', 'compile', 'out_dir', 'data_dir', 'wandb_log',
+                  'wandb_project', 'wandb_run_name'}
     # a key newer than the checkpoint counts as its default, which is how the older code behaved
     changed = sorted(k for k in defaults
                      if k not in may_differ and saved.get(k, defaults[k]) != getattr(c, k))
@@ -262,25 +264,75 @@ def print_param_table(c, n, flops_per_token, target):
     print(json.dumps(summary))
 
 
-def log_eval(log_file, r, iters):
-    """An evaluation record: a line of log.jsonl, and the console's line."""
-    log_file.write(json.dumps(r) + '\n')
-    line = f'eval {r["iter"]}/{iters} | val {r["val_loss"]:.4f} | best {r["best_val"]:.4f}'
-    if 'busiest_frac' in r:
-        line += f' | busiest_frac {r["busiest_frac"]:.3f}'
-        line += f' | router_entropy {r["router_entropy"]:.3f}'
-    print(line)
+class RunLog:
+    """Where a run's records go: log.jsonl (cut back to `start` on resume), the console and, with
+    wandb_log, Weights & Biases."""
+
+    def __init__(self, c, start):
+        self.file = open_log(os.path.join(c.out_dir, 'log.jsonl'), start)
+        self.wandb = open_wandb(c) if c.wandb_log else None
+
+    def eval(self, r, iters):
+        """An evaluation record, and its console line."""
+        self.write(r, 'val')
+        line = f'eval {r["iter"]}/{iters} | val {r["val_loss"]:.4f} | best {r["best_val"]:.4f}'
+        if 'busiest_frac' in r:
+            line += f' | busiest_frac {r["busiest_frac"]:.3f}'
+            line += f' | router_entropy {r["router_entropy"]:.3f}'
+        print(line)
+
+    def train(self, r, iters, eta):
+        """A training record, and its console line with the time left."""
+        self.write(r, 'train')
+        losses = ' | '.join(f'{key} {r[key]:.4f}' for key in ('loss', 'ce', 'lb', 'z') if key in r)
+        if 'busiest_frac' in r:
+            losses += f' | busiest {r["busiest_frac"]:.3f}'
+        mfu = f' | mfu {r["mfu"]:.1%}' if 'mfu' in r else ''
+        print(f'iter {r["iter"]}/{iters} | {losses} | lr {r["lr"]:.2e} | '
+              f'{r["tok_per_s"] / 1e3:.1f}k tok/s{mfu} | eta {eta}')
+
+    def write(self, r, kind):
+        self.file.write(json.dumps(r) + '\n')
+        if self.wandb is not None:
+            self.wandb.log(wandb_record(r, kind), step=r['iter'])
+
+    def close(self):
+        self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
-def log_train(log_file, r, iters, eta):
-    """A training record: a line of log.jsonl, and the console's line with the time left."""
-    log_file.write(json.dumps(r) + '\n')
-    losses = ' | '.join(f'{key} {r[key]:.4f}' for key in ('loss', 'ce', 'lb', 'z') if key in r)
-    if 'busiest_frac' in r:
-        losses += f' | busiest {r["busiest_frac"]:.3f}'
-    mfu = f' | mfu {r["mfu"]:.1%}' if 'mfu' in r else ''
-    print(f'iter {r["iter"]}/{iters} | {losses} | lr {r["lr"]:.2e} | '
-          f'{r["tok_per_s"] / 1e3:.1f}k tok/s{mfu} | eta {eta}')
+def open_wandb(c):
+    """The run's W&B run. A resumed run continues the one it started: its id is kept in
+    out_dir/wandb_id. The files go to out_dir/wandb (WANDB_MODE=offline keeps them there)."""
+    import wandb  # optional: configurator.check makes sure it is there when wandb_log is on
+    id_path = os.path.join(c.out_dir, 'wandb_id')
+    if os.path.exists(id_path):
+        run_id = open(id_path).read().strip()
+    else:
+        run_id = secrets.token_hex(4)  # W&B takes any short lowercase id
+        with open(id_path, 'w') as f:
+            f.write(run_id + '\n')
+    name = c.wandb_run_name or os.path.basename(os.path.normpath(c.out_dir))
+    return wandb.init(project=c.wandb_project, name=name, id=run_id, resume='allow',
+                      config=vars(c), dir=c.out_dir)
+
+
+def wandb_record(r, kind):
+    """A log.jsonl record as W&B's flat keys: train/loss, val/val_loss, train/load/0, and per
+    layer train/layers/0/busiest_frac ...; iter, tokens and flops as they are."""
+    out = {}
+    for key, value in r.items():
+        if key in ('iter', 'tokens', 'flops'):
+            out[key] = value
+        elif key == 'layers':
+            for i, layer in enumerate(value):
+                out.update(wandb_record(layer, f'{kind}/layers/{i}'))
+        elif isinstance(value, list):  # the load per expert
+            out.update({f'{kind}/{key}/{e}': v for e, v in enumerate(value)})
+        else:
+            out[f'{kind}/{key}'] = value
+    return out
 
 
 def mean_over_processes(t, world):

@@ -81,6 +81,9 @@ eval_tokens = 2**20       # size of the fixed validation set (capped at the whol
 log_interval = 50
 ckpt_interval = 250       # steps between saves of latest.pt (a multiple of log_interval)
 resume = False            # continue the run in out_dir from its latest.pt, as if never stopped
+wandb_log = False         # also log to Weights & Biases (pip install wandb); as nanoGPT names it
+wandb_project = 'tinymoe'
+wandb_run_name = ''       # '' -> the out_dir's name, e.g. cpu_moe-s1
 # system
 device = 'auto'           # 'auto' -> a CUDA GPU, else Apple's MPS, else the CPU
 dtype = 'auto'            # 'float32' | 'bfloat16' | 'float16'; auto: bf16 on GPUs (old ones: fp16)
@@ -567,8 +570,7 @@ def main(argv):
         start, best_val = plumbing.restore(ckpt, model, optimizer, scaler, device)
     if master:
         os.makedirs(c.out_dir, exist_ok=True)
-        log_path = os.path.join(c.out_dir, 'log.jsonl')
-        log_file = plumbing.open_log(log_path, start if ckpt else None)
+        log = plumbing.RunLog(c, start if ckpt else None)
         plumbing.save(os.path.join(c.out_dir, 'config.json'), {
             **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
             'flops_per_token': flops_per_token(c), 'device_used': device.type,
@@ -599,7 +601,7 @@ def main(argv):
             if master:
                 record = {'iter': it, 'tokens': it * tokens_per_iter, 'flops': it * flops_per_iter,
                           'val_loss': val_loss, 'best_val': best_val, **routing}
-                plumbing.log_eval(log_file, record, iters)
+                log.eval(record, iters)
                 if improved:
                     checkpoint('best.pt', it)
             t_last += time.time() - t_eval  # throughput excludes evaluation
@@ -672,7 +674,7 @@ def main(argv):
             record['mfu'] = record['tok_per_s'] / world * flops_per_token(c) / peak_flops
         if master:
             eta = round((now - t_start) / (done - start) * (iters - done))  # seconds left
-            plumbing.log_train(log_file, record, iters, datetime.timedelta(seconds=eta))
+            log.train(record, iters, datetime.timedelta(seconds=eta))
             if done % c.ckpt_interval == 0 or done == iters:
                 checkpoint('latest.pt', done)
                 last_saved = done
@@ -684,7 +686,7 @@ def main(argv):
         del train_model
         dist.destroy_process_group()
     if master:
-        log_file.close()
+        log.close()
         # the finished-run marker (make skips the run)
         plumbing.save(os.path.join(c.out_dir, 'done.json'),
                       {'iters': iters, 'tokens': iters * tokens_per_iter, 'best_val': best_val})

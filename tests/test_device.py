@@ -112,10 +112,11 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, peak):
 
 def test_the_training_line_shows_mfu_where_it_is_known(tmp_path, capsys):
     record = {'iter': 10, 'loss': 2.0, 'ce': 2.0, 'lr': 1e-3, 'tok_per_s': 2e6, 'mfu': 0.3125}
-    with open(tmp_path / 'log.jsonl', 'w') as log_file:
-        plumbing.log_train(log_file, record, 100, '0:01:00')
-        del record['mfu']
-        plumbing.log_train(log_file, record, 100, '0:01:00')
+    log = plumbing.RunLog(config(out_dir=str(tmp_path)), None)
+    log.train(record, 100, '0:01:00')
+    del record['mfu']
+    log.train(record, 100, '0:01:00')
+    log.close()
     with_mfu, without = capsys.readouterr().out.splitlines()
     assert '2000.0k tok/s | mfu 31.2% | eta 0:01:00' in with_mfu
     assert 'mfu' not in without
