@@ -5,6 +5,7 @@
 #   make paper           the paper-scale comparison on a GPU, then out/report-paper/
 #   make bench           what the MoE costs per training step (results/bench/)
 #   make study, study2   the CPU study in results/cpu/ (study.mk)
+#   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study.mk)
 PYTHON ?= python
 SEEDS ?= 1 2 3
 # make cpu's data: TINYSTORIES=FILE, a local TinyStories text in the release format (the sample the committed
@@ -19,7 +20,7 @@ PAPER_RUNS := $(call runs,moe dense_active dense_total)
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard out/$*/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench study study2 noise FORCE
+.PHONY: setup test cpu paper bench study study2 noise compute FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0

@@ -142,7 +142,9 @@ def main(argv):
     if stages:
         configs.update({name: c for name, (_, cls) in STAGES.items() if cls})
     device, use_compile, autocast, _ = plumbing.setup_device(c)  # as in training
-    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+    # a GPU runs asynchronously: wait for it before reading the clock
+    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type,
+                                                                             lambda: None)
 
     models = {}
     for name, cfg in configs.items():
@@ -195,7 +197,7 @@ def main(argv):
     print(f'moe / dense_active: {ms["moe"] / ms["dense_active"]:.3f} (the middle half of the '
           f'per-step ratios: {paired[0]:.3f} to {paired[1]:.3f})')
     result = {'device': device.type, 'compile': use_compile, 'torch': torch.__version__,
-              'hardware': plumbing.cpu_name() if device.type == 'cpu' else str(device),
+              'hardware': plumbing.hardware_name(device),
               'ms_per_step': ms,
               'tokens_per_s': {name: tokens / v * 1e3 for name, v in ms.items()},
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],

@@ -27,8 +27,8 @@ class UserError(Exception):
 @contextlib.contextmanager
 def one_line_errors(script):
     """Around a script's main: a UserError becomes one line, `script: error: message`, on stderr and
-    exit status 1 (nothing was written: the code raises before it writes). Any other exception is a
-    bug and keeps its traceback."""
+    exit status 1 (the code raises before it would overwrite anything). Any other exception is a bug
+    and keeps its traceback."""
     try:
         yield
     except UserError as e:
@@ -49,13 +49,15 @@ def pick_device(c):
 
 
 def pick_dtype(c, device):
-    """dtype = 'auto': bf16 on a GPU that has it, else fp16 (with a GradScaler: V100, T4); fp32 on
-    a CPU (bf16 is slow there) and on MPS."""
+    """dtype = 'auto': bf16 on a GPU with bf16 tensor cores (compute capability 8 and up: A100,
+    H100, L4, RTX 30xx ...), else fp16 with a GradScaler (V100, T4, where torch would emulate bf16,
+    slowly); fp32 on a CPU (bf16 is slow there) and on MPS."""
     if c.dtype != 'auto':
         return c.dtype
     if device.type != 'cuda':
         return 'float32'
-    return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+    major, _ = torch.cuda.get_device_capability(device)
+    return 'bfloat16' if major >= 8 else 'float16'
 
 
 def compile_problem(device):
@@ -92,8 +94,8 @@ def setup_device(c):
 
 # dense bf16 (fp16 on the V100 and T4) tensor-core peaks in FLOP/s, without sparsity, from NVIDIA's
 # data sheets (SXM parts where there are two); a longer name before a shorter one it contains
-PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'L4': 121e12,
-              'A10': 125e12, 'V100': 125e12, 'T4': 65e12}
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'L40': 181e12,
+              'L4': 121e12, 'A10': 125e12, 'V100': 125e12, 'T4': 65e12}
 
 
 def peak_flops(device):
@@ -102,6 +104,13 @@ def peak_flops(device):
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for gpu, peak in PEAK_FLOPS.items() if gpu in name), None)
+
+
+def hardware_name(device):
+    """The GPU's name, or the CPU's (cpu_name), for results that depend on the machine."""
+    if device.type == 'cuda':
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
 
 
 def cpu_name():
@@ -162,7 +171,8 @@ def load_checkpoint(path):
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError:  # it names something to import and call, or it is damaged
+    # it names something to import and call, or it is damaged (truncated: a RuntimeError)
+    except (pickle.UnpicklingError, RuntimeError, EOFError):
         raise UserError(f'{path} is not a plain checkpoint (damaged, or it holds more than tensors '
                         'and plain data): refusing to unpickle arbitrary objects') from None
 
@@ -225,7 +235,7 @@ def restore(ckpt, model, optimizer, scaler, device):
 # ----------------------------------------------------------------------------- the console and DDP
 def print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world, resumed_at):
     """The first line of a run: its size, its length, where it runs, and whether it resumed."""
-    how = device.type
+    how = f'{device.type} {pick_dtype(c, device)}'
     if use_compile:
         how += ' compiled'
     if world > 1:

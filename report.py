@@ -11,7 +11,8 @@ share a prefix (`cpu_`, or none for paper scale) form a family, and each family 
 own triple. Gaps are seed-paired: seed s of one config against seed s of the other. Also, when
 present: MoE variants (`cpu_moe_noz` against `cpu_moe`, seed-paired, with routing over training)
 and, for two or more complete families, the gaps against training tokens per total MoE parameter
-(a scan).
+(a scan); and with flops_<config> / time_<config> runs (make compute), each MoE against its
+dense_total at equal tokens, training FLOPs and time.
 """
 import argparse
 import glob
@@ -268,7 +269,7 @@ def summarise(runs, warn):
                           if 'diagnostics' in c}
     out['variants'], out['variant_curves'] = variants(runs, warn)
     out['scan'] = scan(out['families'], runs)
-    out['compute'] = compute_gaps(runs)
+    out['compute'] = compute_gaps(runs, warn)
     return out
 
 
@@ -331,7 +332,7 @@ def budget_summary(seeds):
             for key in ('tokens', 'flops', 'train_seconds')}
 
 
-def compute_gaps(runs):
+def compute_gaps(runs, warn):
     """Who wins under which budget: each MoE trained at the recipe's tokens and, where its
     flops_/time_ runs exist, at dense_total's training FLOPs and time, against that dense_total,
     seed-paired (vs_dense_total: MoE - dense_total, negative = the MoE is better). Only MoEs with
@@ -339,7 +340,10 @@ def compute_gaps(runs):
     out = {}
     for name in sorted(runs):
         budget, config = budget_of(name)
-        if budget == 'tokens' or config not in runs:
+        if budget == 'tokens':
+            continue
+        if config not in runs:
+            warn(f'{name}: no {config} runs at the recipe\'s tokens given; it is left out')
             continue
         dense = dense_total_of(config, runs)
         if dense is None:

@@ -25,10 +25,11 @@ VARIANTS ?= cpu_moe_init0 cpu_moe_lr01 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shar
 	cpu_moe_shared_lr01 cpu_moe_shared_bias cpu_moe_shared_fine
 VARIANT_SEEDS ?= 6 7 8 9 10
 VARIANT_RUNS := $(foreach c,$(VARIANTS),$(foreach s,$(VARIANT_SEEDS),out/$(c)-s$(s)/done.json))
-# the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1
-kept = $(patsubst out/%/done.json,results/cpu/runs/%,$1)
-keep = for run in $(dir $1); do mkdir -p results/cpu/runs/$$(basename $$run) && \
-	cp $$run/log.jsonl $$run/config.json results/cpu/runs/$$(basename $$run)/; done
+# the kept copy of a run's log and config: out/cpu_moe-s1/done.json -> results/cpu/runs/cpu_moe-s1 (or, with a
+# second argument, into that folder)
+kept = $(patsubst out/%/done.json,$(or $2,results/cpu/runs)/%,$1)
+keep = for run in $(dir $1); do mkdir -p $(or $2,results/cpu/runs)/$$(basename $$run) && \
+	cp $$run/log.jsonl $$run/config.json $(or $2,results/cpu/runs)/$$(basename $$run)/; done
 study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
 	$(call keep,$(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) $(NOISE_RUNS))
 	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
@@ -119,11 +120,13 @@ COMPUTE_BASE_RUNS := $(foreach c,cpu_dense_total $(COMPUTE_MOES),$(foreach s,$(C
 FLOPS_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/flops_$(c)-s$(s)/done.json))
 TIME_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/time_$(c)-s$(s)/done.json))
 compute_runs = $(COMPUTE_BASE_RUNS) $(FLOPS_RUNS) $(TIME_RUNS)
+# the base runs no rule above trains (an MoE that is not a study config, e.g. cpu_moe_sparse16)
+COMPUTE_OTHER_RUNS := $(filter-out $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS) $(VARIANT_RUNS),$(COMPUTE_BASE_RUNS))
+$(COMPUTE_OTHER_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
+	$(TRAIN)
 compute: setup $(compute_runs)
-	for run in $(dir $(compute_runs)); do mkdir -p results/cpu/compute/runs/$$(basename $$run) && \
-		cp $$run/log.jsonl $$run/config.json results/cpu/compute/runs/$$(basename $$run)/; done
-	$(PYTHON) report.py $(patsubst out/%/done.json,results/cpu/compute/runs/%,$(compute_runs)) \
-		--out results/cpu/compute
+	$(call keep,$(compute_runs),results/cpu/compute/runs)
+	$(PYTHON) report.py $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute
 # bench.py's step times on this machine, one thread (as the study trains), before any time_ run needs them.
 # Its dense_total is matched to each MoE; BENCH_ARGS_<config> make that cpu_dense_total (width 352) where the
 # MoE's routers put it 1.2% away (cpu_moe_sparse16)

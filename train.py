@@ -37,7 +37,7 @@ seed = 1                  # seeds init and the training-data order
 data_seed = 0             # 0 -> seed; another value changes the data order alone (noise studies)
 print_params = False      # print the parameter table (and one JSON line) and exit, touching no data
 # model: LLaMA-style. 160 x 4 layers beside an 8.04M tied embedding gives 14.72M active / 20.99M
-# total params, the paper's 14.77M / 21.06M within 0.3%
+# total params, the paper's 14.77M / 21.06M within 0.35%
 vocab_size = 50257        # >= the tokenizer's vocabulary (meta.json); GPT-2 BPE
 block_size = 512          # context; a TinyStories story is ~200 GPT-2 tokens: a window holds 2-3
 n_layer = 4
@@ -481,6 +481,8 @@ def get_batch(c, step, device):
     windows = torch.from_numpy(windows)
     if device.type == 'cuda':
         windows = windows.pin_memory().to(device, non_blocking=True)
+    else:
+        windows = windows.to(device)  # the CPU (this is the same tensor) or MPS
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -490,15 +492,19 @@ def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
     """Mean CE over the fixed validation windows and (MoE) the routing statistics over all of them.
     Under DDP each process takes every world-th batch and the sums are all-reduced."""
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    routing = torch.zeros((), device=device)  # becomes one routing row per layer
+    # summed in fp64 (Apple's MPS has none: fp32 there)
+    total = torch.zeros((), dtype=torch.float32 if device.type == 'mps' else torch.float64,
+                        device=device)
+    # one routing row per layer, shaped in full: a process may get no batch and must still reduce
+    zero = torch.zeros((), device=device)
+    routing = torch.stack([routing_row(zero.new_zeros(c.n_experts), zero, zero)] * c.n_layer)
     for batch in val_windows.split(c.batch_size)[rank::world]:
         batch = batch.to(device)
         with autocast:
             _, ce, aux = model(batch[:, :-1], batch[:, 1:])
-        total += ce.double() * len(batch)
+        total += ce.to(total.dtype) * len(batch)
         if aux:  # every window has block_size tokens: weighting by windows weights by tokens
-            routing = routing + aux['routing'] * len(batch)
+            routing += aux['routing'] * len(batch)
     if world > 1:
         dist.all_reduce(total)
         dist.all_reduce(routing)
@@ -574,6 +580,7 @@ def main(argv):
         plumbing.save(os.path.join(c.out_dir, 'config.json'), {
             **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
             'flops_per_token': flops_per_token(c), 'device_used': device.type,
+            'dtype_used': plumbing.pick_dtype(c, device),
             'compile_used': use_compile, 'world_size': world, 'cpu': plumbing.cpu_name(),
             'torch': torch.__version__})
         plumbing.print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world,

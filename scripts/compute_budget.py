@@ -6,7 +6,9 @@ one process, one thread, interleaved). Prints one integer, the --max_tokens for 
     python scripts/compute_budget.py time config/cpu_moe.py results/cpu/compute/bench/cpu_moe.txt
 
 A bench file is what `OMP_NUM_THREADS=1 python bench.py CONFIG` printed: its last line is JSON with
-ms_per_step for moe (the config) and dense_total (matched to the config's total params).
+ms_per_step for moe (the config) and dense_total (matched to the config's total params). The budget
+is the recipe's max_tokens times the ratio; train.py rounds each run up to whole steps, so the two
+budgets agree to within one step.
 """
 import json
 import os
@@ -36,9 +38,16 @@ def time_ratio(bench_file):
                         'OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
 
 
+USAGE = 'usage: compute_budget.py flops CONFIG | time CONFIG BENCH_FILE'
+
+
 def main(argv):
-    if len(argv) < 2 or argv[0] not in ('flops', 'time') or (argv[0] == 'time') != (len(argv) == 3):
-        raise UserError('usage: compute_budget.py flops CONFIG | time CONFIG BENCH_FILE')
+    if argv[:1] == ['flops'] and len(argv) != 2:
+        raise UserError(USAGE)
+    if argv[:1] == ['time'] and len(argv) != 3:
+        raise UserError(USAGE)
+    if argv[:1] not in (['flops'], ['time']):
+        raise UserError(USAGE)
     recipe_tokens = train.configure([argv[1]]).max_tokens
     if argv[0] == 'flops':
         ratio = flops_ratio(argv[1])

@@ -30,7 +30,6 @@ import plumbing  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError  # noqa: E402
 
-H200_BF16_DENSE_PEAK = 989e12  # FLOP/s, NVIDIA's H200 SXM figure without sparsity
 TINY = ['--d_model=32', '--n_head=2', '--moe_hidden=32', '--ffn_multiple_of=8',
         '--block_size=64', '--batch_size=4', '--eval_tokens=512']
 
@@ -76,7 +75,7 @@ def main(argv):
                    help='toy shapes, a few steps: checks the logic, not the speed')
     p.add_argument('--steps', type=int, default=None,
                    help='training steps per model (default 300, tiny 8)')
-    p.add_argument('--peak_flops', type=float, default=H200_BF16_DENSE_PEAK,
+    p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['H200'],
                    help='for the MFU (default: H200 bf16)')
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_check.json'))
     args = p.parse_args(argv)
@@ -88,7 +87,7 @@ def main(argv):
     common = [f'--device={args.device!r}'] + train_args(steps, args.tiny)
 
     t_start = time.time()
-    hardware = torch.cuda.get_device_name(args.device) if on_gpu else plumbing.cpu_name()
+    hardware = plumbing.hardware_name(torch.device(args.device))
     result = {'device': args.device, 'hardware': hardware, 'torch': torch.__version__,
               'tiny': args.tiny, 'steps': steps, 'peak_flops': args.peak_flops, 'models': {}}
     with tempfile.TemporaryDirectory() as tmp:

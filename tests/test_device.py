@@ -13,15 +13,17 @@ from conftest import TINY, config, run
 from plumbing import UserError
 
 
-@pytest.mark.parametrize('cuda, bf16, mps, device, dtype', [
-    (True, True, False, 'cuda', 'bfloat16'),   # an A100, H100, ...
-    (True, False, False, 'cuda', 'float16'),   # a V100 or T4: fp16 with a GradScaler
-    (False, False, True, 'mps', 'float32'),    # a Mac
-    (False, False, False, 'cpu', 'float32')])
+@pytest.mark.parametrize('cuda, capability, mps, device, dtype', [
+    (True, (9, 0), False, 'cuda', 'bfloat16'),   # an H100
+    (True, (8, 0), False, 'cuda', 'bfloat16'),   # an A100
+    (True, (7, 5), False, 'cuda', 'float16'),    # a T4 (a V100 is 7.0): fp16 with a GradScaler
+    (False, None, True, 'mps', 'float32'),       # a Mac
+    (False, None, False, 'cpu', 'float32')])
 def test_auto_picks_cuda_then_mps_then_the_cpu_and_bf16_only_where_supported(
-        monkeypatch, cuda, bf16, mps, device, dtype):
+        monkeypatch, cuda, capability, mps, device, dtype):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: cuda)
-    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda: bf16)
+    # bf16 tensor cores from compute capability 8 (torch's is_bf16_supported also counts emulation)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device: capability)
     monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
     c = config()
     picked = plumbing.pick_device(c)
@@ -81,12 +83,30 @@ def test_fp16_steps_with_a_grad_scaler_and_skips_a_step_with_an_inf_gradient():
     assert scaler.get_scale() == 2.0 ** 15
 
 
-def test_train_runs_in_fp16_and_resumes_its_loss_scale(prepared, tmp_path):
-    """train.py end to end with --dtype=float16 on the CPU: it learns, and latest.pt holds the
-    scaler's state for a resume."""
-    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, "--dtype='float16'"]
+def test_train_runs_in_fp16_and_resumes_its_loss_scale(prepared, tmp_path, monkeypatch):
+    """train.py end to end with --dtype=float16 on the CPU: it learns; and a run interrupted at
+    step 15 and resumed from latest.pt (step 10) ends with the same weights and the same scaler
+    state (scale and steps since it last grew) as one never interrupted."""
+    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, "--dtype='float16'",
+            '--ckpt_interval=10']
     out = run('train.py', *args, f'--out_dir={tmp_path / "fp16"}')
     assert out.returncode == 0, out.stderr
+    real_loss, steps = train.training_loss, []
+
+    def interrupted_at_step_15(ce, aux, c):
+        steps.append(1)
+        if len(steps) == 15:
+            raise KeyboardInterrupt
+        return real_loss(ce, aux, c)
+    monkeypatch.setattr(train, 'training_loss', interrupted_at_step_15)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args[:] + [f'--out_dir={tmp_path / "resumed"}'])
+    monkeypatch.setattr(train, 'training_loss', real_loss)
+    train.main(args + [f'--out_dir={tmp_path / "resumed"}', '--resume=True'])
+    straight, resumed = (plumbing.load_checkpoint(str(tmp_path / d / 'latest.pt'))
+                         for d in ('fp16', 'resumed'))
+    assert straight['scaler'] == resumed['scaler'] and straight['scaler']['_growth_tracker'] == 40
+    assert all(torch.equal(v, resumed['model'][k]) for k, v in straight['model'].items())
     evals = [json.loads(line)['val_loss'] for line in open(tmp_path / 'fp16' / 'log.jsonl')
              if 'val_loss' in line]
     assert evals[-1] < 0.6 * evals[0]
@@ -108,6 +128,21 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: name)
     assert plumbing.peak_flops(torch.device('cuda')) == peak
     assert plumbing.peak_flops(torch.device('cpu')) is None
+
+
+def test_the_logged_mfu_is_throughput_times_flops_over_the_peak(prepared, tmp_path, monkeypatch):
+    """A CPU given a made-up peak of 1 GFLOP/s: every training line's mfu is its tokens/s times
+    the FLOPs a token over that peak."""
+    monkeypatch.setattr(plumbing, 'peak_flops', lambda device: 1e9)
+    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY,
+            f'--out_dir={tmp_path / "mfu"}']
+    train.main(args)
+    flops_per_token = train.flops_per_token(train.configure(args))
+    lines = [json.loads(line) for line in open(tmp_path / 'mfu' / 'log.jsonl')]
+    train_lines = [r for r in lines if 'tok_per_s' in r]
+    assert len(train_lines) == 4
+    for r in train_lines:
+        assert r['mfu'] == r['tok_per_s'] * flops_per_token / 1e9
 
 
 def test_the_training_line_shows_mfu_where_it_is_known(tmp_path, capsys):

@@ -337,12 +337,41 @@ def test_the_safe_loader_refuses_blocked_modules_newer_pickles_and_damaged_files
 
 
 def test_checkpoints_written_by_train_load_with_the_safe_loader(tiny_run):
-    """Everything a checkpoint holds (weights, AdamW state, config, meta, RNG) is plain data for
-    weights_only."""
+    """Everything a checkpoint holds (weights, AdamW state, fp16 loss scale, config, meta, RNG)
+    is plain data for weights_only."""
     for name in ('best.pt', 'latest.pt'):
         ckpt = plumbing.load_checkpoint(str(tiny_run / name))
-        assert set(ckpt) == {'model', 'optimizer', 'config', 'meta', 'iter', 'tokens', 'best_val',
-                             'rng'}
+        assert set(ckpt) == {'model', 'optimizer', 'scaler', 'config', 'meta', 'iter', 'tokens',
+                             'best_val', 'rng'}
         assert ckpt['rng']['torch'].dtype == torch.uint8 and ckpt['optimizer']['state']
         assert ckpt['config']['ffn'] == 'moe'
     assert plumbing.load_checkpoint(str(tiny_run / 'latest.pt'))['iter'] == 10
+
+
+def test_a_process_with_no_validation_batch_still_reduces_full_shaped_sums(prepared, monkeypatch):
+    """Under DDP with more processes than validation batches, a process evaluates nothing: its
+    sums must still have the shapes the others all-reduce (a 0-d routing sum would abort gloo)."""
+    from contextlib import nullcontext
+    c = config(data_dir=str(prepared / 'data'), eval_tokens=16 * 4)
+    model = train.Transformer(c)
+    _, windows = train.load_data(c)
+    reduced = []
+    monkeypatch.setattr(train.dist, 'all_reduce', lambda t: reduced.append(t.shape))
+    # 4 windows in one batch: process 1 of 2 gets none
+    loss, routing = train.evaluate(model, windows, c, torch.device('cpu'), nullcontext(),
+                                   rank=1, world=2)
+    assert reduced == [torch.Size([]), torch.Size([c.n_layer, c.n_experts + 2])]
+    assert loss == 0.0 and routing['busiest_frac'] == 0.0
+
+
+def test_a_damaged_checkpoint_is_one_line_in_sample_and_export(tiny_run, tmp_path):
+    """A best.pt cut short (a full disk, a partial copy): one line naming it, no traceback."""
+    run_dir = tmp_path / 'damaged'
+    shutil.copytree(tiny_run, run_dir)
+    data = (run_dir / 'best.pt').read_bytes()
+    (run_dir / 'best.pt').write_bytes(data[:len(data) // 2])
+    for args in (['sample.py', f'--out_dir={run_dir}'],
+                 ['export_hf.py', '--out_dir', str(run_dir), '--to', str(tmp_path / 'hf')]):
+        out = run(*args)
+        assert out.returncode == 1 and out.stderr.count('\n') == 1, out.stderr
+        assert out.stderr.endswith(REFUSED + '\n') and 'Traceback' not in out.stderr
