@@ -619,7 +619,37 @@ def plot(summary, runs, out_dir):
         written.append(plot_variant_routing(plt, summary['variant_curves'], out_dir))
     if summary['diagnostics']:
         written.append(plot_expert_load(plt, list(summary['diagnostics']), runs, out_dir))
+    for name, entry in summary['compute'].items():
+        written.append(plot_budgets(plt, name, entry, runs, out_dir))
     return written
+
+
+def mean_val_curve(seeds, x):
+    """(points, mean val loss) over a config's seeds at the eval points they share, x = 'tokens'
+    or 'flops'; the untrained model's point left out."""
+    points = sorted(set.intersection(*({r[x] for r in s['evals']} for s in seeds.values())))
+    points = [p for p in points if p > 0]
+    curves = [{r[x]: r['val_loss'] for r in s['evals']} for s in seeds.values()]
+    return points, [sum(c[p] for c in curves) / len(curves) for p in points]
+
+
+def plot_budgets(plt, name, entry, runs, out_dir):
+    """An MoE's runs at each budget and their dense_total, validation loss against training
+    FLOPs (mean over seeds)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = [(entry['dense_total'], entry['dense_total'])]
+    for budget in entry['budgets']:
+        run_name = name if budget == 'tokens' else f'{budget}_{name}'
+        lines.append((run_name, f'{name}, equal {budget}'))
+    for run_name, label in lines:
+        points, mean = mean_val_curve(runs[run_name], 'flops')
+        ax.plot(points, mean, label=f'{label} ({len(runs[run_name])} seeds)')
+    low = min(line.get_ydata().min() for line in ax.get_lines())
+    ax.set_ylim(top=1.5 * low)  # early losses would squash the interesting end
+    ax.set(xlabel='training FLOPs', ylabel='validation loss',
+           title=f'{name} at equal tokens, FLOPs and time against {entry["dense_total"]}')
+    ax.legend()
+    return save(fig, out_dir, f'{name}_budgets.png')
 
 
 def plot_val_loss(plt, fam, runs, out_dir, tag, x):

@@ -267,6 +267,7 @@ def test_who_wins_under_which_budget(tmp_path):
         assert g['mean'] == pytest.approx(statistics.mean(diffs))
     # budget runs are in no family of their own
     assert set(r['families']) == {'cpu_'}
+    assert (tmp_path / 'rep' / 'cpu_moe_budgets.png').exists()
     text = (tmp_path / 'rep' / 'report.md').read_text()
     row = '| cpu_moe | equal flops | 0.00M | 3.6e+06 | 4 s | -0.0050 ± 0.0212 [1 of 2 < 0] |'
     assert row in text
