@@ -368,9 +368,8 @@ class Transformer(nn.Module):
 
 
 def merge_aux(layers):
-    """The MoE layers' aux dicts -> the model's: 'lb' and 'z' averaged over the layers, 'routing'
-    (one routing row per layer, for routing_stats) and the dicts themselves under 'layers'.
-    A dense model has none: {}."""
+    """The MoE layers' aux dicts -> the model's ({} for a dense model): 'lb' and 'z' averaged over
+    the layers, 'routing' (a routing row per layer) and the dicts themselves under 'layers'."""
     if not layers:
         return {}
     return {'lb': torch.stack([a['lb'] for a in layers]).mean(),
@@ -402,9 +401,8 @@ def routing_stats(rows):
 # ----------------------------------------------------------------------------- parameter accounting
 def count_params(c, ffn=None):
     """Exact counts from the config alone, for its own FFN or for ffn = 'moe' | 'dense'. A dense
-    config matched to an MoE carries that MoE's sizes (n_experts, top_k, moe_hidden, ...), so
-    count_params(c, ffn='moe') counts the MoE it is matched to. active = total minus the experts a
-    token does not use."""
+    config matched to an MoE carries that MoE's sizes (n_experts, top_k, moe_hidden, ...): ffn='moe'
+    counts the MoE it is matched to. active = total minus the experts a token does not use."""
     d, L, V = c.d_model, c.n_layer, c.vocab_size
     n = {'embedding': V * d, 'lm_head': 0 if c.tie_embeddings else V * d,
          'attention': L * 4 * d * d, 'norms': (2 * L + 1) * d}
@@ -426,9 +424,7 @@ def solve_ffn_hidden(c):
     or total ones (c.match)."""
     target = count_params(c, ffn='moe')[c.match]
     dense = count_params(c, ffn='dense')
-    # embedding, lm_head, attention, norms: the same in both models. The dense width also makes
-    # up for the routers, which the dense model does not have
-    rest = dense['total'] - dense['ffn']
+    rest = dense['total'] - dense['ffn']  # the same in both; the dense width makes up the routers
     per_unit = 3 * c.d_model * c.n_layer  # gate, up and down grow by d_model each, in every layer
     m = c.ffn_multiple_of
     hidden = max(m, round((target - rest) / per_unit / m) * m)
@@ -452,8 +448,7 @@ def flops_per_token(c):
 
 
 def print_param_table(c):
-    """--print_params: the counts, the FLOPs per token and, for a matched dense model, how far it is
-    from its target; then all of it as one JSON line."""
+    """--print_params: counts, FLOPs per token, a matched model's target (plumbing prints them)."""
     target = count_params(c, ffn='moe')[c.match] if c.match else None
     plumbing.print_param_table(c, count_params(c), flops_per_token(c), target)
 
@@ -492,9 +487,8 @@ def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
     """Mean CE over the fixed validation windows and (MoE) the routing statistics over all of them.
     Under DDP each process takes every world-th batch and the sums are all-reduced."""
     model.eval()
-    # summed in fp64 (Apple's MPS has none: fp32 there)
-    total = torch.zeros((), dtype=torch.float32 if device.type == 'mps' else torch.float64,
-                        device=device)
+    sum_dtype = torch.float32 if device.type == 'mps' else torch.float64  # MPS has no fp64
+    total = torch.zeros((), dtype=sum_dtype, device=device)
     # one routing row per layer, shaped in full: a process may get no batch and must still reduce
     zero = torch.zeros((), device=device)
     routing = torch.stack([routing_row(zero.new_zeros(c.n_experts), zero, zero)] * c.n_layer)
