@@ -67,6 +67,22 @@ def reference_moe(moe, x):
 
 
 # ----------------------------------------------------------------------------- end to end
+def interrupt_training(monkeypatch, argv, at_call):
+    """train.main(argv) stopped by a KeyboardInterrupt in its at_call-th training loss, as a Ctrl-C
+    would: its out_dir keeps what was saved before (latest.pt, log.jsonl)."""
+    real_loss, calls = train.training_loss, []
+
+    def loss_then_interrupt(ce, aux, c):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise KeyboardInterrupt
+        return real_loss(ce, aux, c)
+    monkeypatch.setattr(train, 'training_loss', loss_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(argv)
+    monkeypatch.setattr(train, 'training_loss', real_loss)
+
+
 TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block_size=32',
         '--batch_size=8', '--max_iters=40', '--eval_interval=20', '--log_interval=10',
         '--learning_rate=0.01', '--min_lr=0.001']

@@ -9,7 +9,7 @@ import torch
 
 import plumbing
 import train
-from conftest import TINY, config, run
+from conftest import TINY, config, interrupt_training, run
 from plumbing import UserError
 
 
@@ -91,17 +91,7 @@ def test_train_runs_in_fp16_and_resumes_its_loss_scale(prepared, tmp_path, monke
             '--ckpt_interval=10']
     out = run('train.py', *args, f'--out_dir={tmp_path / "fp16"}')
     assert out.returncode == 0, out.stderr
-    real_loss, steps = train.training_loss, []
-
-    def interrupted_at_step_15(ce, aux, c):
-        steps.append(1)
-        if len(steps) == 15:
-            raise KeyboardInterrupt
-        return real_loss(ce, aux, c)
-    monkeypatch.setattr(train, 'training_loss', interrupted_at_step_15)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(args[:] + [f'--out_dir={tmp_path / "resumed"}'])
-    monkeypatch.setattr(train, 'training_loss', real_loss)
+    interrupt_training(monkeypatch, args + [f'--out_dir={tmp_path / "resumed"}'], at_call=15)
     train.main(args + [f'--out_dir={tmp_path / "resumed"}', '--resume=True'])
     straight, resumed = (plumbing.load_checkpoint(str(tmp_path / d / 'latest.pt'))
                          for d in ('fp16', 'resumed'))

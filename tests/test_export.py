@@ -118,7 +118,8 @@ def test_bytes_tokenizer_encodes_and_decodes_like_prepares(tmp_path):
     # (bytes 0x00-0x7f, 0x80-0xbf and 0xc2-0xdf)
     text = 'once upon a time, Zoë saw a 🐱.\n\nThe end. ' + ''.join(map(chr, range(0x800)))
     assert tok(text, add_special_tokens=False).input_ids == list(text.encode())
-    assert tok('a 猫.').input_ids == [97, 32, 0xe7, 0x8c, 0xab, 46]  # nothing added around a prompt
+    # nothing added around a prompt
+    assert tok('a 猫.').input_ids == [97, 32, 0xe7, 0x8c, 0xab, 46]
     # EOT between the two bytes of 'é' is dropped before decoding;
     # 0xff and a lone 0x80 are no UTF-8
     ids = [256, *ref.encode('Zoë saw a 🐱 .'), 0xc3, 256, 0xa9, 0xff, 0x80, 256]

@@ -7,7 +7,7 @@ import pytest
 
 import plumbing
 import train
-from conftest import TINY, config
+from conftest import TINY, config, interrupt_training
 from plumbing import UserError
 
 wandb = pytest.importorskip('wandb')
@@ -65,18 +65,8 @@ def test_wandb_gets_every_record_of_log_jsonl_and_the_config(prepared, tmp_path,
 
 def test_a_resumed_run_continues_its_wandb_run(prepared, tmp_path, recorded, monkeypatch):
     out_dir = tmp_path / 'resumed'
-    real_loss, steps = train.training_loss, []
-
-    def interrupted_at_step_15(ce, aux, c):
-        steps.append(1)
-        if len(steps) == 15:
-            raise KeyboardInterrupt
-        return real_loss(ce, aux, c)
-    monkeypatch.setattr(train, 'training_loss', interrupted_at_step_15)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(train_args(prepared, out_dir))
+    interrupt_training(monkeypatch, train_args(prepared, out_dir), at_call=15)
     wandb.finish()  # as the end of the interrupted process would
-    monkeypatch.setattr(train, 'training_loss', real_loss)
     train.main(train_args(prepared, out_dir, '--resume=True'))
     first, second = recorded['ids']
     assert first == second == (out_dir / 'wandb_id').read_text().strip()
