@@ -80,6 +80,20 @@ STAGES = {'experts_only': ('the experts alone', ExpertsOnlyMoE),
 VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.items() if cls}}
 
 
+def read_step_times(path):
+    """The MoE's and dense_total's ms per step and what measured them, from a file this script's
+    output went to (its last line is the JSON)."""
+    try:
+        with open(path) as f:
+            result = json.loads(f.read().strip().splitlines()[-1])
+        ms = result['ms_per_step']
+        return {'moe': ms['moe'], 'dense_total': ms['dense_total'],
+                'hardware': result.get('hardware'), 'torch': result.get('torch')}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise plumbing.UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
+                                 'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+
+
 def build(argv):
     """The configs of the four models always timed; the recipe's MoE settings size the two
     matched dense models."""

@@ -23,6 +23,7 @@ import sys
 import types
 from collections import defaultdict
 
+import bench
 import train
 from plumbing import UserError, one_line_errors
 
@@ -108,6 +109,15 @@ def train_seconds(records):
     return seconds
 
 
+def fastest_step_ms(config, records):
+    """The fastest logged training interval's ms per step: the step time least slowed by whatever
+    else ran on the machine; None for a log without speeds."""
+    speeds = [r['tok_per_s'] for r in records if 'tok_per_s' in r]
+    if not speeds or 'tokens_per_iter' not in config:
+        return None
+    return 1e3 * config['tokens_per_iter'] / max(speeds)
+
+
 def load_runs(paths, warn):
     """{config name: {seed: run}} from run folders; folders that are not runs are reported and
     skipped."""
@@ -148,8 +158,10 @@ def load_runs(paths, warn):
         finished = evals[-1]['iter'] == config.get('iters')
         runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
                             'exit_step': exit_step, 'finished': finished,
+                            'last_val': evals[-1]['val_loss'],
                             'flops': records[-1]['flops'], 'tokens': records[-1]['tokens'],
-                            'train_seconds': train_seconds(records)}
+                            'train_seconds': train_seconds(records),
+                            'fastest_step_ms': fastest_step_ms(config, records)}
         if not finished:
             warn(f'{path} has not finished (last eval at iter {evals[-1]["iter"]} of '
                  f'{config.get("iters")})')
@@ -228,7 +240,7 @@ def family_gaps(runs, roles):
     return gaps, curve
 
 
-def summarise(runs, warn):
+def summarise(runs, warn, step_times=None):
     configs, families = {}, defaultdict(dict)
     for name in sorted(runs):
         seeds = runs[name]
@@ -269,7 +281,7 @@ def summarise(runs, warn):
                           if 'diagnostics' in c}
     out['variants'], out['variant_curves'] = variants(runs, warn)
     out['scan'] = scan(out['families'], runs)
-    out['compute'] = compute_gaps(runs, warn)
+    out['compute'] = compute_gaps(runs, warn, step_times)
     return out
 
 
@@ -327,16 +339,31 @@ def dense_total_of(config, runs):
 
 
 def budget_summary(seeds):
-    """A config's tokens, training FLOPs and training seconds: means over its seeds."""
-    return {key: mean_std([r[key] for r in seeds.values()])[0]
-            for key in ('tokens', 'flops', 'train_seconds')}
+    """A config's tokens, epochs, training FLOPs and training seconds (means over its seeds), and
+    whether more of the data still helped at the end: the seeds whose best evaluation is their
+    last, and the mean rise of the last evaluation over the best."""
+    out = {key: mean_std([r[key] for r in seeds.values()])[0]
+           for key in ('tokens', 'flops', 'train_seconds')}
+    out['epochs'] = data_epochs(next(iter(seeds.values()))['config'], out['tokens'])
+    out['best_is_last'] = sum(r['best']['iter'] == r['evals'][-1]['iter'] for r in seeds.values())
+    rises = [r['last_val'] - r['best']['val_loss'] for r in seeds.values()]
+    out['rise_after_best'] = mean_std(rises)[0]
+    fastest = [r['fastest_step_ms'] for r in seeds.values() if r['fastest_step_ms']]
+    out['fastest_step_ms'] = min(fastest, default=None)
+    return out
 
 
-def compute_gaps(runs, warn):
+def t_statistic(gap):
+    """The paired t statistic, mean / standard error; None where it is undefined."""
+    return gap['mean'] / gap['se'] if gap['se'] else None
+
+
+def compute_gaps(runs, warn, step_times=None):
     """Who wins under which budget: each MoE trained at the recipe's tokens and, where its
     flops_/time_ runs exist, at dense_total's training FLOPs and time, against that dense_total,
-    seed-paired (vs_dense_total: MoE - dense_total, negative = the MoE is better). Only MoEs with
-    a budget run; {} without any."""
+    seed-paired (vs_dense_total: MoE - dense_total, negative = the MoE is better), with the step
+    times that set the time budget ({config: bench.read_step_times(...)}) where given. Only MoEs
+    with a budget run; {} without any."""
     out = {}
     for name in sorted(runs):
         budget, config = budget_of(name)
@@ -350,9 +377,12 @@ def compute_gaps(runs, warn):
             continue
         entry = out.setdefault(config, {'dense_total': dense, **budget_summary(runs[dense]),
                                         'budgets': {}})
+        if step_times and config in step_times:
+            entry['step_ms'] = step_times[config]
         for b, run_name in (('tokens', config), (budget, name)):
+            gap = paired(runs[run_name], runs[dense]) or NO_GAP
             entry['budgets'][b] = {**budget_summary(runs[run_name]),
-                                   'vs_dense_total': paired(runs[run_name], runs[dense]) or NO_GAP}
+                                   'vs_dense_total': {**gap, 't': t_statistic(gap)}}
     for entry in out.values():  # budgets in a fixed order
         entry['budgets'] = {b: entry['budgets'][b] for b in BUDGETS if b in entry['budgets']}
     return out
@@ -488,24 +518,58 @@ def compute_lines(compute):
     lines = [
         '', '## Who wins under which budget', '',
         'Each MoE against the dense model of its total params, trained for the recipe\'s tokens, '
-        'for that dense model\'s training FLOPs and for its time (train.py\'s FLOPs count; '
-        'training time from the logs, evaluation excluded). MoE - dense_total, seed-paired: '
-        'negative = the MoE is better; [k of n]: seeds where it is.', '',
-        '| MoE | budget | tokens | training FLOPs | training time | vs dense_total | '
-        'standard error | per seed |',
-        '|---|---|---|---|---|---|---|---|',
+        'for that dense model\'s training FLOPs and for its time (train.py\'s FLOPs count; equal '
+        'time from bench.py\'s step times, below). MoE - dense_total, seed-paired: negative = the '
+        'MoE is better; [k of n]: seeds where it is; t = mean / standard error. Training time is '
+        'from the logs, evaluation excluded: it also counts what else ran on the machine. "Best '
+        'at the end": seeds whose best evaluation is their last, and the mean rise of the last '
+        'over the best.', '',
+        '| MoE | budget | tokens | epochs | training FLOPs | training time | vs dense_total | t | '
+        'best at the end | per seed |',
+        '|---|---|---|---|---|---|---|---|---|---|',
     ]
     for name, entry in compute.items():
-        lines.append(f'| {entry["dense_total"]} | (the reference) | {entry["tokens"] / 1e6:.2f}M | '
-                     f'{entry["flops"]:.3g} | {entry["train_seconds"]:.0f} s | | | |')
+        lines.append(f'| {entry["dense_total"]} | (the reference) | {budget_cells(entry)} | | | '
+                     f'{end_text(entry)} | |')
         for budget, b in entry['budgets'].items():
             g = b['vs_dense_total']
-            se = '-' if g['se'] is None else f'{g["se"]:.4f}'
+            t = '-' if g['t'] is None else f'{g["t"]:.1f}'
             per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
-            lines.append(f'| {name} | equal {budget} | {b["tokens"] / 1e6:.2f}M | '
-                         f'{b["flops"]:.3g} | {b["train_seconds"]:.0f} s | {vs_dense_text(g)} | '
-                         f'{se} | {per_seed} |')
+            lines.append(f'| {name} | equal {budget} | {budget_cells(b)} | {vs_dense_text(g)} | '
+                         f'{t} | {end_text(b)} | {per_seed} |')
+    timed = {name: entry['step_ms'] for name, entry in compute.items() if 'step_ms' in entry}
+    if timed:
+        lines += ['', 'The step times that set equal time (bench.py: one process, interleaved):',
+                  '']
+    for name, ms in timed.items():
+        ratio = ms['dense_total'] / ms['moe']
+        lines.append(f'- {name}: {ms["moe"]:.1f} ms a step, its dense_total '
+                     f'{ms["dense_total"]:.1f} ms ({ratio:.3f}x); {ms["hardware"]}, '
+                     f'torch {ms["torch"]}. {fastest_text(compute[name])}')
     return lines
+
+
+def fastest_text(entry):
+    """The fastest logged training intervals of an MoE and its dense_total, as a check on the
+    step times bench.py measured."""
+    moe = entry['budgets']['tokens']['fastest_step_ms']
+    dense = entry['fastest_step_ms']
+    if not moe or not dense:
+        return ''
+    return (f'The fastest logged training intervals: {moe:.1f} and {dense:.1f} ms '
+            f'({dense / moe:.3f}x).')
+
+
+def budget_cells(b):
+    """tokens | epochs | training FLOPs | training time, for a row of the budget table."""
+    epochs = '-' if b['epochs'] is None else f'{b["epochs"]:.2f}'
+    return (f'{b["tokens"] / 1e6:.2f}M | {epochs} | {b["flops"]:.3g} | '
+            f'{b["train_seconds"]:.0f} s')
+
+
+def end_text(b):
+    """Seeds whose best evaluation is their last, and the mean rise of the last over the best."""
+    return f'{b["best_is_last"]} (+{b["rise_after_best"]:.4f})'
 
 
 def routing_lines(diagnostics):
@@ -758,11 +822,22 @@ def finite_or_none(x):
     return x
 
 
+def read_bench_folder(folder):
+    """{MoE config: its step times} from the <config>.txt files that make compute writes."""
+    paths = glob.glob(os.path.join(folder, '*.txt'))
+    if not paths:
+        raise UserError(f'no bench.py outputs (<config>.txt) in {folder}; give the folder make '
+                        'compute writes them to, e.g. --bench results/cpu/compute/bench')
+    return {os.path.basename(p)[:-len('.txt')]: bench.read_step_times(p) for p in paths}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='+', help='run folders or globs (e.g. out/cpu_*)')
     p.add_argument('--out', default='.', help='folder for report.md, report.json and the plots')
+    p.add_argument('--bench', help='a folder of bench.py outputs, <MoE config>.txt, whose step '
+                   'times set the equal-time budgets (make compute)')
     args = p.parse_args(argv)
     warnings = []
     # a pattern that matches nothing stands for itself (a folder named as given, or a warning)
@@ -773,7 +848,8 @@ def main(argv=None):
         raise UserError('no runs found in ' + ' '.join(args.runs) + '; give run folders (each '
                         'with a config.json and a log.jsonl) or globs that match them')
     os.makedirs(args.out, exist_ok=True)
-    summary = summarise(runs, warnings.append)
+    step_times = read_bench_folder(args.bench) if args.bench else None
+    summary = summarise(runs, warnings.append, step_times)
     plots = plot(summary, runs, args.out)
     text = markdown(summary, runs, warnings, plots)
     with open(os.path.join(args.out, 'report.md'), 'w') as f:

@@ -113,20 +113,26 @@ $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
 # step times in results/cpu/compute/bench/<config>.txt, all configs in one process, one thread), each budget
 # with its own warmup and cosine schedule; paired with cpu_dense_total of the same seeds, trained on the same kind
 # of CPU. The logs are kept in results/cpu/compute/runs/ (not runs/: another kind of CPU trained those).
-COMPUTE_MOES ?= cpu_moe
+COMPUTE_MOES ?= cpu_moe cpu_moe_sparse16 cpu_moe_shared
 COMPUTE_SEEDS ?= 1 2 3 4 5
+# more seeds where a column's answer needs them: cpu_moe in every column, the best MoE of each column
+COMPUTE_MORE ?= cpu_dense_total cpu_moe flops_cpu_moe time_cpu_moe flops_cpu_moe_sparse16
+COMPUTE_MORE_SEEDS ?= 6 7 8 9 10
 COMPUTE_BENCH := results/cpu/compute/bench
-COMPUTE_BASE_RUNS := $(foreach c,cpu_dense_total $(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/$(c)-s$(s)/done.json))
-FLOPS_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/flops_$(c)-s$(s)/done.json))
-TIME_RUNS := $(foreach c,$(COMPUTE_MOES),$(foreach s,$(COMPUTE_SEEDS),out/time_$(c)-s$(s)/done.json))
-compute_runs = $(COMPUTE_BASE_RUNS) $(FLOPS_RUNS) $(TIME_RUNS)
+compute_names := cpu_dense_total $(foreach c,$(COMPUTE_MOES),$(c) flops_$(c) time_$(c))
+compute_runs := $(foreach c,$(compute_names),$(foreach s,$(COMPUTE_SEEDS),out/$(c)-s$(s)/done.json)) \
+	$(foreach c,$(COMPUTE_MORE),$(foreach s,$(COMPUTE_MORE_SEEDS),out/$(c)-s$(s)/done.json))
+FLOPS_RUNS := $(filter out/flops_%,$(compute_runs))
+TIME_RUNS := $(filter out/time_%,$(compute_runs))
+COMPUTE_BASE_RUNS := $(filter-out $(FLOPS_RUNS) $(TIME_RUNS),$(compute_runs))
 # the base runs no rule above trains (an MoE that is not a study config, e.g. cpu_moe_sparse16)
 COMPUTE_OTHER_RUNS := $(filter-out $(CPU_RUNS) $(MAIN_RUNS) $(ABLATION_RUNS) $(VARIANT_RUNS),$(COMPUTE_BASE_RUNS))
 $(COMPUTE_OTHER_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 compute: setup $(compute_runs)
 	$(call keep,$(compute_runs),results/cpu/compute/runs)
-	$(PYTHON) report.py $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute
+	$(PYTHON) report.py $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute \
+		--bench $(COMPUTE_BENCH)
 # bench.py's step times on this machine, one thread (as the study trains), before any time_ run needs them.
 # Its dense_total is matched to each MoE; BENCH_ARGS_<config> make that cpu_dense_total (width 352) where the
 # MoE's routers put it 1.2% away (cpu_moe_sparse16)
@@ -141,8 +147,9 @@ $(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=flops_$(call \
 		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py flops config/$(call budget_config,$*).py) \
 		$(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
-$(TIME_RUNS): out/time_%/done.json: $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
-		| data/tinystories_bytes/meta.json
+# order-only: a run needs the step times to exist; a bench measured later does not retrain it
+$(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
+		data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=time_$(call \
 		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py time config/$(call budget_config,$*).py \
 		$(COMPUTE_BENCH)/$(call budget_config,$*).txt) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)

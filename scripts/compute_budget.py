@@ -10,11 +10,11 @@ ms_per_step for moe (the config) and dense_total (matched to the config's total 
 is the recipe's max_tokens times the ratio; train.py rounds each run up to whole steps, so the two
 budgets agree to within one step.
 """
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError, one_line_errors  # noqa: E402
 
@@ -29,13 +29,8 @@ def flops_ratio(config):
 
 def time_ratio(bench_file):
     """dense_total's step time over the MoE's, from a bench.py output file."""
-    try:
-        result = json.loads(open(bench_file).read().strip().splitlines()[-1])
-        ms = result['ms_per_step']
-        return ms['dense_total'] / ms['moe']
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise UserError(f'cannot read bench.py\'s JSON line from {bench_file} ({e}); make it with '
-                        'OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+    ms = bench.read_step_times(bench_file)
+    return ms['dense_total'] / ms['moe']
 
 
 USAGE = 'usage: compute_budget.py flops CONFIG | time CONFIG BENCH_FILE'

@@ -1,5 +1,6 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
 import json
+import os
 import subprocess
 import sys
 
@@ -217,3 +218,28 @@ def test_bench_times_a_variant_against_dense_models_matched_to_it():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result['ms_per_step']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}
+
+
+def test_compute_budget_prints_the_tokens_of_dense_totals_flops_and_time(tmp_path, capsys,
+                                                                        monkeypatch):
+    """The --max_tokens that make compute passes: the recipe's 4,585,000 tokens times
+    cpu_dense_total's FLOPs a token over cpu_moe's (1,639,176 / 1,085,832), or times dense_total's
+    step time over the MoE's from a bench.py output file."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, 'scripts'))
+    import compute_budget
+    compute_budget.main(['flops', os.path.join(REPO, 'config', 'cpu_moe.py')])
+    assert capsys.readouterr().out == f'{round(4585000 * 1639176 / 1085832)}\n'
+    bench_file = tmp_path / 'cpu_moe.txt'
+    result = {'ms_per_step': {'moe': 160.0, 'dense_total': 200.0}, 'hardware': 'a CPU'}
+    bench_file.write_text('a table\n' + json.dumps(result) + '\n')
+    compute_budget.main(['time', os.path.join(REPO, 'config', 'cpu_moe.py'), str(bench_file)])
+    assert capsys.readouterr().out == f'{round(4585000 * 200 / 160)}\n'
+    assert bench.read_step_times(bench_file) == {'moe': 160.0, 'dense_total': 200.0,
+                                                 'hardware': 'a CPU', 'torch': None}
+
+
+def test_a_bench_file_without_the_json_line_is_one_clear_error(tmp_path):
+    bench_file = tmp_path / 'cpu_moe.txt'
+    bench_file.write_text('the table, cut off before the JSON line\n')
+    with pytest.raises(plumbing.UserError, match='make it with: OMP_NUM_THREADS=1 python bench'):
+        bench.read_step_times(bench_file)

@@ -234,8 +234,9 @@ def test_diverged_truncated_and_old_logs_do_not_break_the_report(runs):
 
 def test_who_wins_under_which_budget(tmp_path):
     """cpu_moe at the recipe's tokens, at dense_total's FLOPs (flops_cpu_moe) and at its time
-    (time_cpu_moe), against cpu_dense_total seed by seed, with each budget's tokens, FLOPs and
-    training time (from tok_per_s)."""
+    (time_cpu_moe), against cpu_dense_total seed by seed (with t), with each budget's tokens,
+    epochs, FLOPs, training time (from tok_per_s), fastest step and end-of-run behaviour, and the
+    step times of --bench."""
     best = {'cpu_dense_total': (1.20, 1.22), 'cpu_moe': (1.25, 1.24),
             'flops_cpu_moe': (1.18, 1.23), 'time_cpu_moe': (1.21, 1.21)}
     scale = {'cpu_dense_total': 1.0, 'cpu_moe': 1.0, 'flops_cpu_moe': 1.5, 'time_cpu_moe': 1.25}
@@ -243,16 +244,33 @@ def test_who_wins_under_which_budget(tmp_path):
         for seed, value in enumerate(values, 1):
             folder = tmp_path / 'out' / f'{name}-s{seed}'
             write_run(folder, name, seed, 270, 270 if 'dense' in name else 160, False, value)
-            # the budget's tokens, at 1,000 tokens a second
+            # the budget's tokens, at 1,000 (dense) or 2,000 tokens a second
             lines = [json.loads(x) for x in (folder / 'log.jsonl').read_text().splitlines()]
             for r in lines:
                 r['tokens'] = round(r['tokens'] * scale[name])
                 if 'ce' in r:
-                    r['tok_per_s'] = 1000.0
+                    r['tok_per_s'] = 1000.0 if 'dense' in name else 2000.0
             write_jsonl(folder / 'log.jsonl', lines)
-    report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep')])
+    # the training split: 2,000 tokens
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'meta.json').write_text(json.dumps({'train_tokens': 2000}))
+    bench_dir = tmp_path / 'bench'
+    bench_dir.mkdir()
+    step_ms = {'moe': 40.0, 'dense_total': 50.0, 'dense_active': 30.0}
+    (bench_dir / 'cpu_moe.txt').write_text('a table\n' + json.dumps(
+        {'ms_per_step': step_ms, 'hardware': 'a CPU', 'torch': '2.x'}) + '\n')
+    report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep'),
+                 '--bench', str(bench_dir)])
     r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
     moe = r['compute']['cpu_moe']
+    assert moe['step_ms'] == {'moe': 40.0, 'dense_total': 50.0, 'hardware': 'a CPU',
+                              'torch': '2.x'}
+    # each curve's best is in its middle, 0.01 x seed below its last evaluation
+    assert (moe['best_is_last'], moe['rise_after_best']) == (0, pytest.approx(0.015))
+    assert moe['epochs'] == pytest.approx(2500 / 2000)
+    # 100 tokens a step
+    assert moe['fastest_step_ms'] == pytest.approx(1e3 * 100 / 1000)
+    assert moe['budgets']['tokens']['fastest_step_ms'] == pytest.approx(1e3 * 100 / 2000)
     assert moe['dense_total'] == 'cpu_dense_total' and list(moe['budgets']) == ['tokens', 'flops',
                                                                                  'time']
     assert (moe['tokens'], moe['flops'], moe['train_seconds']) == (2500, 2500 * 6 * 270, 2.5)
@@ -260,17 +278,23 @@ def test_who_wins_under_which_budget(tmp_path):
                          ('time', 'time_cpu_moe')):
         b = moe['budgets'][budget]
         assert b['tokens'] == round(2500 * scale[name])
-        assert b['flops'] == b['tokens'] * 6 * 160 and b['train_seconds'] == b['tokens'] / 1000
+        assert b['flops'] == b['tokens'] * 6 * 160 and b['train_seconds'] == b['tokens'] / 2000
         diffs = [m - d for m, d in zip(best[name], best['cpu_dense_total'])]
         g = b['vs_dense_total']
         assert g['per_seed'] == {str(s): pytest.approx(d) for s, d in enumerate(diffs, 1)}
         assert g['mean'] == pytest.approx(statistics.mean(diffs))
+        se = statistics.stdev(diffs) / math.sqrt(2)
+        assert g['t'] == pytest.approx(statistics.mean(diffs) / se)
+        assert b['epochs'] == pytest.approx(b['tokens'] / 2000)
     # budget runs are in no family of their own
     assert set(r['families']) == {'cpu_'}
     assert (tmp_path / 'rep' / 'cpu_moe_budgets.png').exists()
     text = (tmp_path / 'rep' / 'report.md').read_text()
-    row = '| cpu_moe | equal flops | 0.00M | 3.6e+06 | 4 s | -0.0050 ± 0.0212 [1 of 2 < 0] |'
+    row = ('| cpu_moe | equal flops | 0.00M | 1.88 | 3.6e+06 | 2 s | -0.0050 ± 0.0212 [1 of 2 < 0] '
+           '| -0.3 | 0 (+0.0150) |')
     assert row in text
+    assert ('- cpu_moe: 40.0 ms a step, its dense_total 50.0 ms (1.250x); a CPU, torch 2.x. The '
+            'fastest logged training intervals: 50.0 and 100.0 ms (2.000x).') in text
 
 
 def test_flops_of_logs_written_before_train_logged_them():
@@ -282,6 +306,12 @@ def test_flops_of_logs_written_before_train_logged_them():
     report.add_flops(config, records)
     assert config['flops_per_token'] == 1_085_832  # cpu_moe's, as train.py counts it
     assert [r['flops'] for r in records] == [0, 40960 * 1_085_832]
+
+
+def test_a_bench_folder_without_outputs_is_one_clear_error(runs):
+    (runs / 'bench').mkdir()
+    with pytest.raises(UserError, match='give the folder make compute writes them to'):
+        report.main([str(runs / 'out' / '*'), '--bench', str(runs / 'bench')])
 
 
 def test_no_runs_is_one_clear_error(tmp_path):
