@@ -344,6 +344,8 @@ def budget_summary(seeds):
     last, and the mean rise of the last evaluation over the best."""
     out = {key: mean_std([r[key] for r in seeds.values()])[0]
            for key in ('tokens', 'flops', 'train_seconds')}
+    # each run's wall clock beside its FLOPs: what else ran on the machine shows here
+    out['train_seconds_per_seed'] = {str(s): seeds[s]['train_seconds'] for s in sorted(seeds)}
     out['epochs'] = data_epochs(next(iter(seeds.values()))['config'], out['tokens'])
     out['best_is_last'] = sum(r['best']['iter'] == r['evals'][-1]['iter'] for r in seeds.values())
     rises = [r['last_val'] - r['best']['val_loss'] for r in seeds.values()]

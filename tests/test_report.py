@@ -268,6 +268,7 @@ def test_who_wins_under_which_budget(tmp_path):
     # each curve's best is in its middle, 0.01 x seed below its last evaluation
     assert (moe['best_is_last'], moe['rise_after_best']) == (0, pytest.approx(0.015))
     assert moe['epochs'] == pytest.approx(2500 / 2000)
+    assert moe['train_seconds_per_seed'] == {'1': 2.5, '2': 2.5}
     # 100 tokens a step
     assert moe['fastest_step_ms'] == pytest.approx(1e3 * 100 / 1000)
     assert moe['budgets']['tokens']['fastest_step_ms'] == pytest.approx(1e3 * 100 / 2000)
