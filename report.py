@@ -45,6 +45,7 @@ GAP_LABELS = {'active': 'dense_active - moe', 'total': 'moe - dense_total'}
 # a run named <budget>_<config> trains the config for another budget than the recipe's tokens:
 # cpu_dense_total's training FLOPs, or its time (make compute, scripts/compute_budget.py)
 BUDGETS = ('tokens', 'flops', 'time')
+BUDGET_LABELS = {'tokens': 'equal tokens', 'flops': 'equal FLOPs', 'time': 'equal time'}
 
 
 def budget_of(name):
@@ -537,8 +538,8 @@ def compute_lines(compute):
             g = b['vs_dense_total']
             t = '-' if g['t'] is None else f'{g["t"]:.1f}'
             per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
-            lines.append(f'| {name} | equal {budget} | {budget_cells(b)} | {vs_dense_text(g)} | '
-                         f'{t} | {end_text(b)} | {per_seed} |')
+            lines.append(f'| {name} | {BUDGET_LABELS[budget]} | {budget_cells(b)} | '
+                         f'{vs_dense_text(g)} | {t} | {end_text(b)} | {per_seed} |')
     timed = {name: entry['step_ms'] for name, entry in compute.items() if 'step_ms' in entry}
     if timed:
         lines += ['', 'The step times that set equal time (bench.py: one process, interleaved):',
@@ -687,6 +688,8 @@ def plot(summary, runs, out_dir):
         written.append(plot_expert_load(plt, list(summary['diagnostics']), runs, out_dir))
     for name, entry in summary['compute'].items():
         written.append(plot_budgets(plt, name, entry, runs, out_dir))
+    if summary['compute']:
+        written.append(plot_who_wins(plt, summary['compute'], out_dir))
     return written
 
 
@@ -706,7 +709,7 @@ def plot_budgets(plt, name, entry, runs, out_dir):
     lines = [(entry['dense_total'], entry['dense_total'])]
     for budget in entry['budgets']:
         run_name = name if budget == 'tokens' else f'{budget}_{name}'
-        lines.append((run_name, f'{name}, equal {budget}'))
+        lines.append((run_name, f'{name}, {BUDGET_LABELS[budget]}'))
     for run_name, label in lines:
         points, mean = mean_val_curve(runs[run_name], 'flops')
         ax.plot(points, mean, label=f'{label} ({len(runs[run_name])} seeds)')
@@ -716,6 +719,28 @@ def plot_budgets(plt, name, entry, runs, out_dir):
            title=f'{name} at equal tokens, FLOPs and time against {entry["dense_total"]}')
     ax.legend()
     return save(fig, out_dir, f'{name}_budgets.png')
+
+
+def plot_who_wins(plt, compute, out_dir):
+    """Each MoE's difference from its dense_total at each budget: the seed mean as a bar, the
+    standard error as its whisker, each seed as a dot."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(compute)
+    for i, (name, entry) in enumerate(compute.items()):
+        for j, budget in enumerate(BUDGETS):
+            g = entry['budgets'].get(budget, {}).get('vs_dense_total', NO_GAP)
+            if not g['n']:
+                continue
+            x = j + (i - (len(compute) - 1) / 2) * width
+            ax.bar(x, g['mean'], width, yerr=g['se'], color=f'C{i}', capsize=3,
+                   label=name if j == 0 else None)
+            ax.plot([x] * g['n'], list(g['per_seed'].values()), 'k.', ms=3)
+    ax.axhline(0, color='gray', lw=0.8)
+    ax.set_xticks(range(len(BUDGETS)), [BUDGET_LABELS[b] for b in BUDGETS])
+    ax.set(ylabel='MoE - dense_total, best val loss',
+           title='Who wins under which budget (below 0: the MoE)')
+    ax.legend()
+    return save(fig, out_dir, 'who_wins.png')
 
 
 def plot_val_loss(plt, fam, runs, out_dir, tag, x):
