@@ -1,0 +1,684 @@
+"""
+The real-text GPU check: the project on one GPU with the committed study's data, in one command
+of a few minutes. scripts/gpu_real_text.sh OUT runs it under a time limit; before that, where the
+data is, scripts/gpu_carry.sh puts what it needs into gpu_carry/. It writes into --out:
+
+  real_text.json        1. the CPU recipe on the GPU: cpu_moe, cpu_dense_active, cpu_dense_total,
+                           seeds 1-5, fp32 and bf16, several train.py processes side by side; each
+                           seed's best val loss next to the committed CPU run's (results/cpu/runs)
+  paper_real_text.json  2. the paper configs on GPT-2 tokens of the same stories, compiled, bf16,
+                           a few hundred steps: does the loss fall; moe stopped halfway and resumed,
+                           against a straight run; sample.py; export_hf.py and transformers' logits
+  gpu_tests.txt         3. python -m pytest -m gpu tests, in the background from the start
+  profile.json          4. where a step's time goes, moe and dense_active (scripts/gpu_profile.py)
+  nanogpt.json          5. nanoGPT's model at the same shapes: tokens/s and MFU beside ours
+  summary.json          the machine, the packages, each part's time and error, if any
+
+Each part runs in its own try: a failure is recorded and the next part runs. Parts 1 and 2 stop
+their runs at fixed shares of --budget_s, so a slow part cannot take the next one's time. Run
+folders and checkpoints go to --work, not to --out (the paper runs' checkpoints are 250 MB each).
+
+    python scripts/gpu_real_text.py --out OUT      # on a CUDA GPU, with gpu_carry/ in place
+    python scripts/gpu_real_text.py --out OUT --tiny --cpu_data DIR --paper_data DIR   # CPU, toy
+"""
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+from collections import namedtuple
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, 'scripts')]
+import gpu_profile  # noqa: E402
+import plumbing  # noqa: E402
+import train  # noqa: E402
+from plumbing import UserError  # noqa: E402
+
+CARRY = os.path.join(REPO, 'gpu_carry')
+CPU_CONFIGS = ('cpu_moe', 'cpu_dense_active', 'cpu_dense_total')
+PAPER_CONFIGS = ('moe', 'dense_active', 'dense_total')
+DTYPES = ('float32', 'bfloat16')
+# the committed CPU study's data: prepare.py --input tinystories_train_head.txt --tokenizer bytes
+COMMITTED_DATA = {'train_tokens': 4003496, 'val_tokens': 187689}
+# --tiny: a few steps of each CPU-recipe run, and a small validation set
+TINY_CPU = ['--max_iters=4', '--eval_interval=2', '--log_interval=2', '--ckpt_interval=4',
+            '--eval_tokens=1024']
+# --tiny: the paper configs at toy width; ffn_multiple_of 1 lets dense_active match the MoE
+TINY_PAPER = ['--d_model=32', '--n_head=2', '--moe_hidden=32', '--ffn_multiple_of=1',
+              '--block_size=64', '--batch_size=4', '--eval_tokens=512']
+# when parts 1 and 2 stop, as shares of --budget_s from the start: part 1 starts no run after
+# the first share and kills what still runs at the second; part 2 kills at the third. The GPU
+# tests are stopped at the third too: parts 4 and 5 time steps on an otherwise idle GPU
+PART1_LAUNCH_UNTIL, PART1_END, PART2_END = 0.35, 0.45, 0.75
+# parts 4 and 5 start a model only with this many seconds of the budget left
+SECONDS_PER_MODEL = 45
+# bf16 compiled GPU kernels are not bit-reproducible (atomic adds in the backward, autotuned
+# kernels): a resumed run's losses must come within this of the straight run's, not equal them
+RESUME_TOLERANCE = 0.02
+# transformers' model of an export, in fp32 on the CPU, against ours: relative to the largest logit
+PARITY_TOLERANCE = 1e-4
+
+Job = namedtuple('Job', 'name cmd')
+
+
+# ----------------------------------------------------------------------------- small helpers
+def save(args, name, obj):
+    plumbing.save(os.path.join(args.out, name), obj)
+
+
+def elapsed(args):
+    return time.time() - args.t_start
+
+
+def at(args, share):
+    """The time.time() at which `share` of the budget is used up."""
+    return args.t_start + share * args.budget_s
+
+
+def describe(error):
+    """An error as one line for the JSON; printed as one line if the user can fix it (a missing
+    file), else with its traceback."""
+    if isinstance(error, UserError):
+        print(f'gpu_real_text.py: error: {error}', flush=True)
+    else:
+        traceback.print_exc()
+    return f'{type(error).__name__}: {error}'
+
+
+def attempt(fn, *fn_args):
+    """fn(*fn_args), or {'error': ...} if it raised: one failed piece leaves the others' results."""
+    try:
+        return fn(*fn_args)
+    except Exception as e:
+        return {'error': describe(e)}
+
+
+def read_log(path):
+    """A run's log.jsonl records; a torn last line (a killed run) is skipped."""
+    records = []
+    for line in open(path):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def read_meta(data_dir):
+    path = os.path.join(data_dir, 'meta.json')
+    if not os.path.isfile(path):
+        raise UserError(f'{path} not found; make gpu_carry/ first: bash scripts/gpu_carry.sh')
+    return json.load(open(path))
+
+
+def package_versions():
+    """What the GPU machine has of the packages the check may use (None: not installed)."""
+    versions = {}
+    for name in ('numpy', 'tqdm', 'tiktoken', 'safetensors', 'tokenizers', 'transformers',
+                 'pytest', 'triton'):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+# ----------------------------------------------------------------------------- processes
+def start(cmd, log_path, env):
+    """cmd in the background from the repository, stdout and stderr into log_path."""
+    with open(log_path, 'w') as log:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def finish(proc, kill_at):
+    """proc's return code, or None if it was still running at kill_at and had to be killed."""
+    try:
+        return proc.wait(timeout=max(0.0, kill_at - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def log_path(args, name):
+    return os.path.join(args.out, 'logs', name.replace('/', '_') + '.txt')
+
+
+def log_tail(args, name, lines=6):
+    """The last lines a job printed: why it failed."""
+    return open(log_path(args, name)).read().strip().splitlines()[-lines:]
+
+
+def run_jobs(args, jobs, slots, launch_until, kill_at, on_end):
+    """Runs jobs in order, at most `slots` at a time (several train.py processes share the GPU);
+    starts none after launch_until and kills any still running at kill_at. Calls on_end(job,
+    returncode, seconds) as each ends; returncode None: killed."""
+    waiting, running = list(jobs), {}
+    while running or (waiting and time.time() < launch_until):
+        while waiting and len(running) < slots and time.time() < launch_until:
+            job = waiting.pop(0)
+            running[job.name] = (job, start(job.cmd, log_path(args, job.name), args.env),
+                                 time.time())
+        for name, (job, proc, t0) in list(running.items()):
+            if proc.poll() is None and time.time() < kill_at:
+                continue
+            returncode = finish(proc, kill_at)
+            del running[name]
+            print(f'{elapsed(args):5.0f} s  {name}: return code {returncode}, '
+                  f'{time.time() - t0:.0f} s', flush=True)
+            on_end(job, returncode, time.time() - t0)
+        time.sleep(0.5)
+    for job in waiting:
+        print(f'{elapsed(args):5.0f} s  {job.name}: not started, out of time', flush=True)
+
+
+# ----------------------------------------------------------------------------- part 1
+def cpu_recipe_jobs(args):
+    """Part 1's train.py runs, seed by seed: stopped early, every config and precision keeps its
+    first seeds."""
+    jobs = []
+    for seed in args.seeds:
+        for dtype in DTYPES:
+            for config in CPU_CONFIGS:
+                name = f'{dtype}/{config}-s{seed}'
+                argv = [f'config/{config}.py', f'--seed={seed}', f'--device={args.device!r}',
+                        f'--dtype={dtype!r}', '--compile=False',
+                        f'--data_dir={args.cpu_data!r}',
+                        f'--out_dir={os.path.join(args.work, name)!r}']
+                jobs.append(Job(name, [sys.executable, 'train.py', *argv,
+                                       *(TINY_CPU if args.tiny else [])]))
+    return jobs
+
+
+def best_val(run_dir):
+    """The lowest finite val_loss in run_dir/log.jsonl, or None."""
+    path = os.path.join(run_dir, 'log.jsonl')
+    if not os.path.isfile(path):
+        return None
+    losses = [r['val_loss'] for r in read_log(path) if math.isfinite(r.get('val_loss', math.nan))]
+    return min(losses, default=None)
+
+
+def finished_best_val(run_dir):
+    """best_val of a run that finished (done.json); None for one killed or never started."""
+    return best_val(run_dir) if os.path.isfile(os.path.join(run_dir, 'done.json')) else None
+
+
+def mean_std(values):
+    if not values:
+        return None
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {'mean': statistics.mean(values), 'std': std, 'n': len(values)}
+
+
+def compare(gpu, cpu):
+    """{seed: best val loss} on the GPU and on the CPU -> each seed's pair, the means, the
+    difference of the means and whether it is within the seed spread (|difference| < the CPU
+    seeds' sample std), and a paired t (the mean per-seed difference over its standard error)."""
+    seeds = [s for s in gpu if gpu[s] is not None and cpu.get(s) is not None]
+    result = {'seeds': {s: {'gpu': gpu[s], 'cpu': cpu.get(s)} for s in gpu},
+              'paired_seeds': len(seeds)}
+    if len(seeds) < 2:
+        return result
+    on_gpu, on_cpu = [gpu[s] for s in seeds], [cpu[s] for s in seeds]
+    differences = [g - c for g, c in zip(on_gpu, on_cpu)]
+    diff = statistics.mean(differences)  # = the difference of the means
+    cpu_std, diff_std = statistics.stdev(on_cpu), statistics.stdev(differences)
+    return {**result, 'gpu': mean_std(on_gpu), 'cpu': mean_std(on_cpu), 'diff_of_means': diff,
+            'within_seed_spread': abs(diff) < cpu_std,
+            'paired_t': diff / (diff_std / math.sqrt(len(seeds))) if diff_std else None}
+
+
+def gaps(best):
+    """{config: {seed: best val}} -> the study's seed-paired gaps over the seeds that have all
+    three configs: active = dense_active - moe, total = moe - dense_total."""
+    moe, active, total = (best[c] for c in CPU_CONFIGS)
+    seeds = [s for s in moe if None not in (moe[s], active.get(s), total.get(s))]
+    return {'seeds': seeds, 'active_gap': mean_std([active[s] - moe[s] for s in seeds]),
+            'total_gap': mean_std([moe[s] - total[s] for s in seeds])}
+
+
+def check_cpu_data(args):
+    """The CPU recipe's data must be the committed runs' data, or the comparison means nothing."""
+    meta = read_meta(args.cpu_data)
+    same = all(meta.get(key) == value for key, value in COMMITTED_DATA.items())
+    if not same and not args.tiny:
+        raise UserError(f'{args.cpu_data} has {meta.get("train_tokens")} / '
+                        f'{meta.get("val_tokens")} train / val tokens, not the committed runs\' '
+                        f'{COMMITTED_DATA}; remake it: bash scripts/gpu_carry.sh')
+    return {'dir': args.cpu_data, 'train_tokens': meta.get('train_tokens'),
+            'val_tokens': meta.get('val_tokens'), 'same_as_committed_runs': same}
+
+
+def cpu_recipe_on_gpu(args):
+    """Part 1 -> real_text.json, rewritten as each run ends."""
+    committed = os.path.join(REPO, 'results', 'cpu', 'runs')
+    on_cpu = {config: {s: best_val(os.path.join(committed, f'{config}-s{s}'))
+                       for s in args.seeds} for config in CPU_CONFIGS}
+    result = {
+        'device': args.device, 'hardware': args.hardware, 'torch': torch.__version__,
+        'tiny': args.tiny, 'seeds': args.seeds, 'slots': args.slots, 'compile': False,
+        'compile_why': 'the committed CPU runs were eager, so eager on the GPU changes only '
+                       'the device and the precision; compiling would also cost each of the 30 '
+                       'processes tens of seconds',
+        'data': check_cpu_data(args),
+        'float32_note': 'fp32 weights and activations; on CUDA train.py lets matmuls use TF32 '
+                        '(plumbing.setup_device), as the CPU does not',
+        'spread_rule': 'within_seed_spread: |GPU mean - CPU mean| < the sample std of the CPU '
+                       'best val losses over the same seeds. paired_t: the mean of the per-seed '
+                       'differences over its standard error; |t| > 2.78 is significant at 5% '
+                       'with 5 seeds',
+        'committed_runs_missing': [f'{config}-s{s}' for config in CPU_CONFIGS
+                                   for s in args.seeds if on_cpu[config][s] is None],
+        'runs': {}}
+    save(args, 'real_text.json', result)
+
+    def on_end(job, returncode, seconds):
+        result['runs'][job.name] = {'returncode': returncode, 'seconds': seconds}
+        if returncode != 0:
+            result['runs'][job.name]['error'] = log_tail(args, job.name)
+        run_dir = os.path.join(args.work, job.name)
+        if os.path.isfile(os.path.join(run_dir, 'log.jsonl')):  # the log comes back with --out
+            os.makedirs(os.path.join(args.out, 'runs', os.path.dirname(job.name)), exist_ok=True)
+            shutil.copy(os.path.join(run_dir, 'log.jsonl'),
+                        os.path.join(args.out, 'runs', job.name + '.jsonl'))
+        on_gpu = {dtype: {config: {s: finished_best_val(os.path.join(args.work, dtype,
+                                                                    f'{config}-s{s}'))
+                                   for s in args.seeds} for config in CPU_CONFIGS}
+                  for dtype in DTYPES}
+        result['compare'] = {dtype: {config: compare(on_gpu[dtype][config], on_cpu[config])
+                                     for config in CPU_CONFIGS} for dtype in DTYPES}
+        result['gaps'] = {'cpu': gaps(on_cpu), **{dtype: gaps(on_gpu[dtype]) for dtype in DTYPES}}
+        save(args, 'real_text.json', result)
+    run_jobs(args, cpu_recipe_jobs(args), args.slots, at(args, PART1_LAUNCH_UNTIL),
+             at(args, PART1_END), on_end)
+
+
+# ----------------------------------------------------------------------------- part 2
+def paper_argv(args, name, out_dir, vocab_size):
+    """train.py arguments of a paper config on the GPT-2 data: the recipe as it is, but
+    --paper_steps steps with four evaluations and a checkpoint halfway. Each step's 128 sequences
+    go in four micro-batches of 32: the same step, a quarter of the activation memory, so that
+    four runs fit on the GPU side by side. 64 validation windows of the split's 91: evaluation
+    batches of 32 like the training ones, so torch.compile sees one batch shape."""
+    n = args.paper_steps
+    argv = [f'config/{name}.py', '--seed=1', f'--device={args.device!r}', "--dtype='bfloat16'",
+            f'--compile={not args.tiny}', f'--data_dir={args.paper_data!r}',
+            f'--out_dir={out_dir!r}', f'--vocab_size={vocab_size}', '--batch_size=32',
+            '--grad_accum=4', f'--max_iters={n}', f'--eval_interval={n // 4}',
+            f'--log_interval={args.log_interval}', f'--ckpt_interval={n // 2}',
+            '--eval_tokens=32768']
+    return argv + (TINY_PAPER if args.tiny else [])
+
+
+def loss_summary(run_dir):
+    """Does the loss fall? A paper run's first and last training losses and its val losses."""
+    log = read_log(os.path.join(run_dir, 'log.jsonl'))
+    lines = [r for r in log if 'loss' in r]
+    vals = [[r['iter'], r['val_loss']] for r in log if 'val_loss' in r]
+    config = json.load(open(os.path.join(run_dir, 'config.json')))
+    return {'first_loss': lines[0]['loss'], 'last_loss': lines[-1]['loss'],
+            'loss_falls': lines[-1]['loss'] < lines[0]['loss'], 'val_losses': vals,
+            'val_falls': vals[-1][1] < vals[0][1],
+            # the first line holds the compilation; the GPU was shared with the other runs
+            'median_tok_per_s': statistics.median(r['tok_per_s'] for r in lines[1:] or lines),
+            'compile_used': config['compile_used'], 'dtype_used': config['dtype_used'],
+            'finished': os.path.isfile(os.path.join(run_dir, 'done.json'))}
+
+
+def log_values(run_dir):
+    """{(iter, is an eval line): the line's loss} of a run's log."""
+    return {(r['iter'], 'val_loss' in r): r.get('val_loss', r.get('loss'))
+            for r in read_log(os.path.join(run_dir, 'log.jsonl'))}
+
+
+def resume_check(straight_dir, resumed_dir, stop, console):
+    """The run stopped at `stop` and resumed, against the straight run of the same seed: does it
+    resume at `stop`, and are its log lines from there within RESUME_TOLERANCE of the straight
+    run's? The lines before `stop` (the same comparison between two uninterrupted runs) show how
+    far a GPU rerun moves by itself."""
+    found = re.search(r'resumed at iter (\d+)', open(console).read())
+    resumed_at = int(found.group(1)) if found else None
+    straight, resumed = log_values(straight_dir), log_values(resumed_dir)
+
+    # a resumed log keeps the lines before `stop` and the training line at it (plumbing.open_log)
+    def after_resume(key):
+        return key[0] > stop or key == (stop, True)
+    after = [abs(resumed[k] - straight[k]) for k in straight if after_resume(k) and k in resumed]
+    before = [abs(resumed[k] - straight[k]) for k in straight
+              if not after_resume(k) and k in resumed]
+    expected = sum(1 for k in straight if after_resume(k))
+    return {'stopped_at': stop, 'resumed_at': resumed_at, 'same_step': resumed_at == stop,
+            'lines_after': len(after), 'lines_expected_after': expected,
+            'max_abs_diff_after': max(after, default=None),
+            'max_abs_diff_before': max(before, default=None), 'tolerance': RESUME_TOLERANCE,
+            'tolerance_why': 'bf16 compiled kernels on a GPU are not bit-reproducible; '
+                             'max_abs_diff_before is the same comparison between two runs that '
+                             'were never stopped',
+            'close': (resumed_at == stop and len(after) == expected > 0
+                      and max(after) <= RESUME_TOLERANCE)}
+
+
+def sample_story(args, run_dir):
+    """sample.py from a paper run: a few tokens on the GPU (GPT-2 needs tiktoken's files)."""
+    out = subprocess.run([sys.executable, 'sample.py', '--out_dir', run_dir, '--start',
+                          'once upon a time', '--num_samples', '1', '--max_new_tokens', '40',
+                          '--device', args.device],
+                         cwd=REPO, env=args.env, capture_output=True, text=True, timeout=300)
+    with open(os.path.join(args.out, 'sample.txt'), 'w') as f:
+        f.write(out.stdout + out.stderr)
+    return {'returncode': out.returncode, 'text': out.stdout[-1500:],
+            'stderr': out.stderr[-1500:]}
+
+
+def logits_parity(run_dir, hf_dir):
+    """Our best.pt and transformers' model of its export, fp32 on the CPU, on the same tokens."""
+    import transformers
+    ckpt = plumbing.load_checkpoint(os.path.join(run_dir, 'best.pt'))
+    c = types.SimpleNamespace(**{**train.DEFAULTS, **ckpt['config']})
+    ours = train.Transformer(c)
+    ours.load_state_dict(ckpt['model'])
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    idx = torch.randint(0, c.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, hf_logits = ours.eval()(idx)[0], theirs.eval()(idx).logits
+    diff = ((logits - hf_logits).abs().max() / logits.abs().max()).item()
+    return {'transformers': transformers.__version__, 'hf_class': type(theirs).__name__,
+            'max_logit_diff_relative': diff, 'parity_tolerance': PARITY_TOLERANCE,
+            'parity_ok': diff <= PARITY_TOLERANCE}
+
+
+def export_and_compare(args, run_dir):
+    """export_hf.py of a paper run, then transformers' logits against ours (skipped, and said so,
+    where transformers is not installed)."""
+    hf_dir = os.path.join(args.work, 'hf_moe')
+    out = subprocess.run([sys.executable, 'export_hf.py', '--out_dir', run_dir, '--to', hf_dir],
+                         cwd=REPO, env=args.env, capture_output=True, text=True, timeout=300)
+    result = {'returncode': out.returncode, 'output': (out.stdout + out.stderr)[-1500:]}
+    if out.returncode != 0:
+        return result
+    if importlib.util.find_spec('transformers') is None:
+        return {**result, 'parity': 'skipped: transformers is not installed'}
+    return {**result, **logits_parity(run_dir, hf_dir)}
+
+
+def paper_configs(args):
+    """Part 2 -> paper_real_text.json, rewritten after each step."""
+    meta = read_meta(args.paper_data)
+    if meta.get('tokenizer') != 'gpt2' and not args.tiny:
+        raise UserError(f'{args.paper_data} holds {meta.get("tokenizer")} tokens, not GPT-2 '
+                        'ones; remake it: bash scripts/gpu_carry.sh')
+    n = args.paper_steps
+    run_dir = {name: os.path.join(args.work, 'paper', name)
+               for name in (*PAPER_CONFIGS, 'moe_resumed')}
+    argv = {name: paper_argv(args, name, run_dir[name], meta['vocab_size'])
+            for name in PAPER_CONFIGS}
+    # the run stopped halfway and resumed: moe's arguments, another out_dir
+    resumed_argv = paper_argv(args, 'moe', run_dir['moe_resumed'], meta['vocab_size'])
+    c = train.configure(argv['moe'])
+    tokens_per_step = c.batch_size * c.grad_accum * c.block_size
+    result = {'data': {'dir': args.paper_data, **{key: meta.get(key) for key in (
+                  'tokenizer', 'vocab_size', 'train_tokens', 'val_tokens')}},
+              'steps': n, 'tokens_per_step': tokens_per_step,
+              'epochs': n * tokens_per_step / meta['train_tokens'],
+              'argv': argv['moe'], 'runs': {}}
+    save(args, 'paper_real_text.json', result)
+
+    # the stopped run goes first, and its resume starts as soon as it ends, beside the others
+    stopped = Job('paper/moe_stopped', [sys.executable, 'scripts/train_until.py', str(n // 2),
+                                        *resumed_argv])
+    jobs = [stopped] + [Job(f'paper/{name}', [sys.executable, 'train.py', *argv[name]])
+                        for name in PAPER_CONFIGS]
+    resumed = []
+
+    def on_end(job, returncode, seconds):
+        name = job.name.split('/')[1]
+        result['runs'][name] = {'returncode': returncode, 'seconds': seconds}
+        if returncode != 0:
+            result['runs'][name]['error'] = log_tail(args, job.name)
+        elif job is stopped:
+            resumed.append(start([sys.executable, 'train.py', *resumed_argv, '--resume=True'],
+                                 log_path(args, 'paper/moe_resumed'), args.env))
+        else:
+            result['runs'][name].update(attempt(loss_summary, run_dir[name]))
+        save(args, 'paper_real_text.json', result)
+    kill_at = at(args, PART2_END)
+    run_jobs(args, jobs, len(jobs), kill_at, kill_at, on_end)
+
+    # sample and export the straight moe run while the resumed one may still train
+    if result['runs'].get('moe', {}).get('returncode') == 0:
+        result['sample'] = attempt(sample_story, args, run_dir['moe'])
+        save(args, 'paper_real_text.json', result)
+        result['export'] = attempt(export_and_compare, args, run_dir['moe'])
+        save(args, 'paper_real_text.json', result)
+    if not resumed:
+        result['resume'] = {'error': 'the stopped run did not end as planned: see runs.moe_stopped'}
+    else:
+        returncode = finish(resumed[0], kill_at)
+        print(f'{elapsed(args):5.0f} s  paper/moe_resumed: return code {returncode}', flush=True)
+        result['resume'] = {'returncode': returncode,
+                            **attempt(resume_check, run_dir['moe'], run_dir['moe_resumed'],
+                                      n // 2, log_path(args, 'paper/moe_resumed'))}
+    save(args, 'paper_real_text.json', result)
+
+
+# ----------------------------------------------------------------------------- part 3
+def start_gpu_tests(args):
+    """pytest -m gpu in the background. A test file that cannot be imported here (a package the
+    machine lacks) must not stop the GPU tests: --continue-on-collection-errors."""
+    cmd = [sys.executable, '-m', 'pytest', '-q', '-m', 'gpu', '--continue-on-collection-errors',
+           'tests']
+    return start(cmd, os.path.join(args.out, 'gpu_tests.txt'), args.env)
+
+
+def gpu_tests(args, proc):
+    """Part 3: the GPU tests' return code and pytest's last line; killed at the end of part 2's
+    share, before the timings of parts 4 and 5."""
+    returncode = finish(proc, at(args, PART2_END))
+    lines = open(os.path.join(args.out, 'gpu_tests.txt')).read().strip().splitlines()
+    summary = {'returncode': returncode, 'last_line': lines[-1] if lines else '',
+               'since_start_s': elapsed(args)}
+    if returncode != 0:
+        raise RuntimeError(f'pytest -m gpu: return code {returncode}: {summary["last_line"]}')
+    return summary
+
+
+# ----------------------------------------------------------------------------- parts 4 and 5
+def paper_config(args, name):
+    """A paper config (toy sized with --tiny) for parts 4 and 5, which train on random tokens."""
+    tiny = [*TINY_PAPER, '--vocab_size=257'] if args.tiny else []
+    return train.configure([f'config/{name}.py', f'--device={args.device}', *tiny])
+
+
+def time_left(args):
+    return args.budget_s - elapsed(args)
+
+
+def free_gpu_memory():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def where_the_time_goes(args):
+    """Part 4 -> profile.json."""
+    result = {'device': args.device, 'hardware': args.hardware, 'torch': torch.__version__,
+              'how': 'eager bf16 steps on random tokens; the time of each kernel goes to the '
+                     'innermost profiler range around the op that launched it: ranges added by '
+                     'scripts/gpu_profile.py around module forwards and, through identity ops '
+                     'on their inputs and outputs, their backwards (compiled code drops '
+                     'ranges: for the compiled step see nanogpt.json)',
+              'models': {}}
+    steps = 2 if args.tiny else 5
+    for name in ('moe', 'dense_active'):
+        if time_left(args) < SECONDS_PER_MODEL:
+            result['models'][name] = {'skipped': 'out of time'}
+            continue
+        result['models'][name] = attempt(gpu_profile.where_the_time_goes,
+                                         paper_config(args, name), args.device_obj, steps)
+        free_gpu_memory()
+        save(args, 'profile.json', result)
+    save(args, 'profile.json', result)
+
+
+def nanogpt_at_our_shapes(args, c):
+    """nanoGPT's model from --nanogpt (never a file of this repository) at c's shapes."""
+    if not os.path.isfile(args.nanogpt):
+        raise UserError(f'{args.nanogpt} not found; make gpu_carry/ first: '
+                        'bash scripts/gpu_carry.sh')
+    module = gpu_profile.load_nanogpt(args.nanogpt)
+    return gpu_profile.nanogpt_at_our_shapes(module, c, args.device_obj)
+
+
+def nanogpt_beside_ours(args):
+    """Part 5 -> nanogpt.json: nanoGPT's model and ours (dense_active, then moe if there is time)
+    at the paper's shapes, compiled, bf16, fused AdamW, random tokens."""
+    commit_file = os.path.join(os.path.dirname(args.nanogpt), 'nanogpt_commit.txt')
+    dense, moe = paper_config(args, 'dense_active'), paper_config(args, 'moe')
+    peak = plumbing.peak_flops(args.device_obj)
+    result = {'hardware': args.hardware, 'torch': torch.__version__, 'nanogpt': args.nanogpt,
+              'nanogpt_commit': (open(commit_file).read().strip()
+                                 if os.path.isfile(commit_file) else None),
+              'shapes': {key: getattr(dense, key) for key in (
+                  'd_model', 'n_layer', 'n_head', 'vocab_size', 'block_size', 'batch_size')},
+              'peak_flops': peak,
+              'flops_rule': 'flops_per_token = 6 x matmul params (every matmul weight, the '
+                            'output layer included, the embedding lookup not; the active experts '
+                            'for the MoE) + attention 6 x n_layer x block_size x d_model, as '
+                            'train.flops_per_token; nanoGPT: its nn.Linear weights; no biases',
+              'models': {}}
+    steps = 2 if args.tiny else 20
+    builds = (('nanogpt', dense, nanogpt_at_our_shapes, (args, dense)),
+              ('dense_active', dense, gpu_profile.ours_at_our_shapes, (dense, args.device_obj)),
+              ('moe', moe, gpu_profile.ours_at_our_shapes, (moe, args.device_obj)))
+
+    def timed(c, build, build_args):
+        return gpu_profile.timed_compiled(build(*build_args), c, args.device_obj, steps, peak)
+    for name, c, build, build_args in builds:
+        if time_left(args) < SECONDS_PER_MODEL:
+            result['models'][name] = {'skipped': 'out of time'}
+            continue
+        result['models'][name] = attempt(timed, c, build, build_args)
+        free_gpu_memory()
+        save(args, 'nanogpt.json', result)
+    models = result['models']
+    if all('tokens_per_s' in models[name] for name in ('nanogpt', 'dense_active')):
+        result['nanogpt_over_ours_tokens_per_s'] = (models['nanogpt']['tokens_per_s']
+                                                    / models['dense_active']['tokens_per_s'])
+    save(args, 'nanogpt.json', result)
+
+
+# ----------------------------------------------------------------------------- main
+def run_part(args, summary, name, fn, *fn_args):
+    """One part, timed; an exception is recorded in summary.json and the check goes on."""
+    print(f'{elapsed(args):5.0f} s  == part {name}', flush=True)
+    t0 = time.time()
+    try:
+        outcome = fn(*fn_args)
+        summary['parts'][name] = {'ok': True, **(outcome or {})}
+    except Exception as e:
+        summary['parts'][name] = {'ok': False, 'error': describe(e)}
+    summary['parts'][name]['seconds'] = time.time() - t0
+    save(args, 'summary.json', summary)
+    print(f'{elapsed(args):5.0f} s  == part {name}: '
+          f'{"ok" if summary["parts"][name]["ok"] else "FAILED"}, '
+          f'{summary["parts"][name]["seconds"]:.0f} s', flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--out', required=True, help='folder for the results (made if missing)')
+    p.add_argument('--work', help='folder for run folders and checkpoints (default: a new '
+                   'temporary folder)')
+    p.add_argument('--tiny', action='store_true',
+                   help='on the CPU, toy sizes and a few steps: checks the logic, not the GPU')
+    p.add_argument('--parts', default='1,2,3,4,5', help='which parts to run (default all)')
+    p.add_argument('--seeds', help='part 1 seeds (default 1,2,3,4,5; tiny 1)')
+    p.add_argument('--slots', type=int, default=10,
+                   help='part 1: train.py processes side by side (default 10)')
+    p.add_argument('--paper_steps', type=int, help='part 2 steps per run (default 200; tiny 8)')
+    p.add_argument('--budget_s', type=float, default=420,
+                   help='seconds for the whole check (default 420); parts 1 and 2 stop at '
+                   'shares of it')
+    p.add_argument('--cpu_data', default=os.path.join(CARRY, 'tinystories_bytes'),
+                   help="the committed CPU runs' bytes data (default gpu_carry/...)")
+    p.add_argument('--paper_data', default=os.path.join(CARRY, 'tinystories_gpt2'),
+                   help='GPT-2 tokens of the same stories (default gpu_carry/...)')
+    p.add_argument('--tiktoken_cache', default=os.path.join(CARRY, 'tiktoken_cache'),
+                   help="GPT-2's BPE files, for sample.py and export_hf.py offline")
+    p.add_argument('--nanogpt', default=os.path.join(CARRY, 'nanogpt_model.py'),
+                   help="nanoGPT's model.py, read from outside this repository")
+    args = p.parse_args(argv)
+    args.parts = {int(part) for part in args.parts.split(',')}
+    args.seeds = [int(s) for s in (args.seeds or ('1' if args.tiny else '1,2,3,4,5')).split(',')]
+    args.paper_steps = args.paper_steps or (8 if args.tiny else 200)
+    args.log_interval = 2 if args.tiny else 10
+    args.device = 'cpu' if args.tiny else 'cuda'
+    # four evaluations and a checkpoint halfway, each on a log line
+    if args.paper_steps % 4 or (args.paper_steps // 2) % args.log_interval:
+        raise UserError(f'--paper_steps must be a multiple of 4 whose half is a multiple of '
+                        f'{args.log_interval}, such as 200; got {args.paper_steps}')
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    args.t_start = time.time()
+    for key in ('out', 'work', 'cpu_data', 'paper_data', 'tiktoken_cache', 'nanogpt'):
+        if getattr(args, key):
+            setattr(args, key, os.path.abspath(getattr(args, key)))
+    os.chdir(REPO)  # train.py, config/ and tests/ are named from here, as in the subprocesses
+    if not args.tiny and not torch.cuda.is_available():
+        raise UserError('torch sees no CUDA GPU; on a CPU, try the logic at toy size with --tiny '
+                        '(and --cpu_data, --paper_data)')
+    args.device_obj = torch.device(args.device)
+    args.hardware = plumbing.hardware_name(args.device_obj)
+    args.work = args.work or tempfile.mkdtemp(prefix='gpu_real_text_')
+    for folder in (args.out, os.path.join(args.out, 'logs'), args.work):
+        os.makedirs(folder, exist_ok=True)
+    # one thread per process: up to a dozen processes share the CPUs that feed the GPU
+    args.env = {**os.environ, 'OMP_NUM_THREADS': '1',
+                'TIKTOKEN_CACHE_DIR': os.path.abspath(args.tiktoken_cache)}
+    summary = {'argv': argv, 'device': args.device, 'hardware': args.hardware,
+               'torch': torch.__version__, 'cuda': torch.version.cuda,
+               'python': platform.python_version(), 'packages': package_versions(),
+               # finished stays False if the shell's time limit stops the check first
+               'work': args.work, 'budget_s': args.budget_s, 'parts': {}, 'finished': False}
+    save(args, 'summary.json', summary)
+    print(f'gpu_real_text: {args.hardware}, torch {torch.__version__}; results -> {args.out}, '
+          f'runs -> {args.work}', flush=True)
+
+    tests = start_gpu_tests(args) if 3 in args.parts else None
+    parts = ((1, 'cpu recipe on the gpu', cpu_recipe_on_gpu, args),
+             (2, 'paper configs on real text', paper_configs, args),
+             (3, 'gpu tests', gpu_tests, args, tests),
+             (4, 'where the time goes', where_the_time_goes, args),
+             (5, 'nanogpt beside ours', nanogpt_beside_ours, args))
+    for number, name, fn, *fn_args in parts:
+        if number in args.parts:
+            run_part(args, summary, f'{number} {name}', fn, *fn_args)
+    summary['finished'], summary['seconds'] = True, elapsed(args)
+    save(args, 'summary.json', summary)
+    print(f'\n{"part":<32} {"ok":<4} {"seconds":>8}')
+    for name, part in summary['parts'].items():
+        print(f'{name:<32} {"yes" if part["ok"] else "NO":<4} {part["seconds"]:>8.0f}')
+    print(f'{"all":<32} {"":<4} {summary["seconds"]:>8.0f}')
+
+
+if __name__ == '__main__':
+    with plumbing.one_line_errors('gpu_real_text.py'):
+        main(sys.argv[1:])
