@@ -117,7 +117,7 @@ COMPUTE_MOES ?= cpu_moe cpu_moe_sparse16 cpu_moe_shared
 COMPUTE_SEEDS ?= 1 2 3 4 5
 # more seeds where a column's answer needs them: cpu_moe in every column, the best MoE of each column
 # (equal tokens: cpu_moe_shared, FLOPs: cpu_moe_sparse16, time: cpu_moe or cpu_moe_shared)
-COMPUTE_MORE ?= cpu_dense_total time_cpu_moe cpu_moe_shared cpu_moe flops_cpu_moe_sparse16 \
+COMPUTE_MORE ?= cpu_dense_total time_cpu_moe cpu_moe_shared flops_cpu_moe_sparse16 cpu_moe \
 	flops_cpu_moe time_cpu_moe_shared
 COMPUTE_MORE_SEEDS ?= 6 7 8 9 10
 COMPUTE_BENCH := results/cpu/compute/bench
