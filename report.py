@@ -348,6 +348,7 @@ def budget_summary(seeds):
     # each run's wall clock beside its FLOPs: what else ran on the machine shows here
     out['train_seconds_per_seed'] = {str(s): seeds[s]['train_seconds'] for s in sorted(seeds)}
     out['epochs'] = data_epochs(next(iter(seeds.values()))['config'], out['tokens'])
+    out['n'] = len(seeds)
     out['best_is_last'] = sum(r['best']['iter'] == r['evals'][-1]['iter'] for r in seeds.values())
     rises = [r['last_val'] - r['best']['val_loss'] for r in seeds.values()]
     out['rise_after_best'] = mean_std(rises)[0]
@@ -572,7 +573,7 @@ def budget_cells(b):
 
 def end_text(b):
     """Seeds whose best evaluation is their last, and the mean rise of the last over the best."""
-    return f'{b["best_is_last"]} (+{b["rise_after_best"]:.4f})'
+    return f'{b["best_is_last"]} of {b["n"]} (+{b["rise_after_best"]:.4f})'
 
 
 def routing_lines(diagnostics):
