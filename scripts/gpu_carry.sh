@@ -33,8 +33,10 @@ if (meta['train_tokens'], meta['val_tokens']) != (4003496, 187689):
                      'set STORIES to the sample they used')
 EOF
 
+# the cache's files may be read-only: copied with ordinary modes, a rerun can replace them
+rm -rf gpu_carry/tiktoken_cache
 mkdir -p gpu_carry/tiktoken_cache
-cp "$TIKTOKEN_CACHE_DIR"/* gpu_carry/tiktoken_cache/
+cp --no-preserve=mode "$TIKTOKEN_CACHE_DIR"/* gpu_carry/tiktoken_cache/
 
 if [ -n "$NANOGPT_GIT" ]; then
     git --git-dir="$NANOGPT_GIT" show HEAD:model.py > gpu_carry/nanogpt_model.py

@@ -3,8 +3,8 @@ Which speed levers help a paper-scale training step on one GPU? Each lever is a 
 step (forward, train.training_loss, backward, fused AdamW: bench.py's step), timed against the
 plain step in the same process, the variants taking turns step by step, medians.
 
-    python scripts/gpu_levers.py                       # on one H200: about 3.5 minutes
-    python scripts/gpu_levers.py --device=cpu --tiny   # the same logic at toy shapes, on a CPU
+    python scripts/gpu_levers.py --out OUT/gpu_levers.json   # one GPU, --budget_s (210 s)
+    python scripts/gpu_levers.py --device=cpu --tiny         # the same logic at toy shapes
 
 The levers (train.py is not edited: the variants below subclass it or patch it here):
 - bf16_ce: the cross-entropy on the bf16 logits, with no fp32 copy of them. Autocast keeps
@@ -29,14 +29,26 @@ The levers (train.py is not edited: the variants below subclass it or patch it h
 Every variant starts from the same weights; its loss and gradients there are compared with the
 plain eager step's (loss_diff, grad_diff: the largest relative difference over the parameters).
 A speed-up is over the plain step of the same group: eager, compiled as train.py compiles, or fed
-by train.get_batch. The numbers go to --out as JSON, and the last printed line is that JSON.
+by train.get_batch. The numbers go to --out as JSON, rewritten after the eager phase and after
+each compiled variant (a line printed for each), so a run stopped by a time limit leaves what it
+measured; the last printed line is the whole JSON.
 
 The time on an H200, estimated from gpu_check (whose runs compiled dense_active and moe in about
-30 and 45 s, evaluation graphs included): 15 s to start, 25 s for the eager variants (9 of them,
-24 steps each at 60-120 ms), five compiles in 160 s (each model's plain step, the best head levers
-on dense_active, reduce-overhead for both), 10 s of compiled and batch steps: about 3.5 minutes.
-A compile that would end past --budget_s is skipped and says so; max-autotune (guessed at 4x a
-compile) fits only on its own: --models=dense_active --modes=max-autotune-no-cudagraphs.
+30 and 45 s, evaluation graphs included): about 10 s to import torch before --budget_s starts
+counting; then about 40 s for the eager phase (CUDA's start, 2M synthetic tokens written, 9
+variants of 24 steps at 60-120 ms each); then the compiles in the plan's order, each only if it
+would end by --budget_s - 20 s (first the plain steps of dense_active, about 30 s, and of moe,
+about 45 s); then 10 s of compiled and batch steps (the pageable batches have the pinned ones'
+strides, so the compiled step is not compiled again for them). A compile that would not fit is
+skipped and says so; max-autotune (guessed at 4x a compile) fits only on its own:
+--models=dense_active --modes=max-autotune-no-cudagraphs.
+
+In the GPU session (15 minutes of device time, start-up included; results/bench/README.md) this
+is call 2, right after scripts/gpu_real_text.sh's call 1, while the machine is still warm, with
+timeout_s 215 and, on one line, the command
+    timeout --kill-after=5 200 python -u scripts/gpu_levers.py --budget_s=165
+    --out "$OUT/gpu_levers.json" 2>&1 | tee "$OUT/gpu_levers.txt"
+165 s of budget leaves time for the two plain compiles; the others are skipped and say so.
 """
 import argparse
 import contextlib
@@ -69,6 +81,12 @@ WARMUP = 3  # steps before timing: compilation, CUDA graph recording, allocator,
 # auto picks a head lever for the compiled runs only if it made the eager step this much faster:
 # less is within the noise of a ratio of medians
 MIN_SPEEDUP = 1.02
+# ... and only if it kept the plain step's numbers at the starting weights: the loss within this
+# fraction of the plain loss and every gradient within EXACT_GRAD_DIFF (relative norm). The exact
+# levers only reorder the head's sums, which in bf16 (8 bits, a relative step of 0.4%) moves the
+# loss by far less than 0.1% and a gradient by a few roundings (test_gpu_levers.py, on a CPU)
+EXACT_LOSS_RTOL = 1e-3
+EXACT_GRAD_DIFF = 2e-2
 # a compile's cost as a multiple of a default-mode compile's, for the time budget: max-autotune
 # also times several kernels for every matmul shape (a guess: warmup_s says what each one took)
 COMPILE_COST = {'default': 1.0, 'reduce-overhead': 1.0, 'max-autotune-no-cudagraphs': 4.0}
@@ -327,12 +345,20 @@ def eager_phase(c, setup, batches, args):
     return results, reference, syncs
 
 
+def kept_the_numbers(r):
+    """Whether a variant's loss and gradients at the starting weights were the plain eager step's,
+    up to bf16 rounding (EXACT_LOSS_RTOL, EXACT_GRAD_DIFF)."""
+    return ('loss_diff' in r and abs(r['loss_diff']) <= EXACT_LOSS_RTOL * abs(r['loss'])
+            and r['grad_diff'] <= EXACT_GRAD_DIFF)
+
+
 def best_levers(eager):
-    """The head levers the compiled runs combine by default: those that keep the loss exact
-    (every one but bf16_ce) and made the eager step at least MIN_SPEEDUP faster."""
+    """The head levers the compiled runs combine by default: of those meant to keep the loss
+    exact (every one but bf16_ce), the ones that did keep the plain step's numbers here and made
+    the eager step at least MIN_SPEEDUP faster."""
     plain_ms = eager['plain'].get('ms')
     return tuple(lever for lever in ('padded_head', 'chunked_ce')
-                 if plain_ms and 'ms' in eager[lever]
+                 if plain_ms and 'ms' in eager[lever] and kept_the_numbers(eager[lever])
                  and plain_ms / eager[lever]['ms'] >= MIN_SPEEDUP)
 
 
@@ -348,25 +374,26 @@ def compile_plan(models, modes, best):
     return plan
 
 
-def compiled_phase(plan, configs, setup, references, batches, args, deadline):
+def compiled_phase(plan, configs, setup, references, batches, args, deadline, report):
     """The plan's variants compiled in order while the time budget allows, then timed together.
-    -> {model: {name: result}}, {model: {name: Variant}} (those that ran)."""
+    report(model, name, result) is called as each is compiled (its loss and gradient check and
+    warmup_s; the timing adds ms later, to the same dict) or skipped.
+    -> {model: {name: Variant}} (those that ran)."""
     device, autocast, sync = setup
-    results = {m: {} for m in configs}
     ran = {m: {} for m in configs}
     default_compile_s = []  # what a default-mode compile took here, for the budget
     skips = torch._dynamo.utils.counters['inductor']
     for m, levers, mode in plan:
         name = f'{mode} {variant_name(levers)}'
         if device.type != 'cuda':
-            results[m][name] = {'skipped': 'compiled variants are timed on a CUDA GPU only (a '
-                                           'compile on a CPU takes minutes and says nothing '
-                                           'about the GPU)'}
+            report(m, name, {'skipped': 'compiled variants are timed on a CUDA GPU only (a '
+                                        'compile on a CPU takes minutes and says nothing about '
+                                        'the GPU)'})
             continue
         estimate = max(default_compile_s, default=FIRST_COMPILE_S) * COMPILE_COST[mode]
         if time.time() + estimate > deadline:
-            results[m][name] = {'skipped': f'its compile (about {estimate:.0f} s) would end '
-                                           f'past --budget_s={args.budget_s:g}'}
+            report(m, name, {'skipped': f'its compile (about {estimate:.0f} s) would end past '
+                                        f'--budget_s={args.budget_s:g}'})
             continue
         v = Variant(name, configs[m], device, autocast, args.chunk_rows, levers, mode)
         skips_before = skips['cudagraph_skips']
@@ -376,21 +403,30 @@ def compiled_phase(plan, configs, setup, references, batches, args, deadline):
             v.result['cudagraph_skips'] = skips['cudagraph_skips'] - skips_before
         if mode == 'default' and 'warmup_s' in v.result:
             default_compile_s.append(v.result['warmup_s'])
-        results[m][name] = v.result
         ran[m][name] = v
+        report(m, name, v.result)
     time_steps([v for by_name in ran.values() for v in by_name.values()], batches, args.rounds,
                sync)
-    return results, ran
+    return ran
+
+
+def pageable_batch(c, it, device):
+    """train.get_batch's (x, y) for step it, from pageable memory: its windows copied to the device
+    whole (the host waits for the copy), then sliced as get_batch slices them. Copying x and y
+    themselves would make them contiguous, and a step compiled for get_batch's strided views
+    would compile again for them. (x and y made back into windows: a copy of 0.5 MB on the host.)"""
+    x, y = train.get_batch(c, it, torch.device('cpu'))
+    windows = torch.cat([x, y[:, -1:]], dim=1).to(device)
+    return windows[:, :-1], windows[:, 1:]
 
 
 def batch_sources(c, device, steps):
     """Three ways a step gets its (x, y), by step number: train.get_batch (pinned memory, a
-    non_blocking copy), the same windows copied from pageable memory (the host waits for each
-    copy), and batches made beforehand, already on the device."""
-    cpu = torch.device('cpu')
+    non_blocking copy), the same windows copied from pageable memory (pageable_batch), and
+    batches made beforehand, already on the device."""
     made = [train.get_batch(c, it, device) for it in range(steps)]
     sources = {'pinned': lambda it: train.get_batch(c, it, device),
-               'pageable': lambda it: [t.to(device) for t in train.get_batch(c, it, cpu)],
+               'pageable': lambda it: pageable_batch(c, it, device),
                'on_device': lambda it: made[it]}
     if device.type != 'cuda':
         del sources['pinned']
@@ -443,6 +479,21 @@ def add_rates(group, reference, c, peak_flops):
 
 
 # ----------------------------------------------------------------------------- report
+def write_json(path, obj):
+    """obj to path as JSON, through a temporary file: a kill mid-write leaves the last version."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + '.tmp', 'w') as f:
+        json.dump(obj, f, indent=2)
+    os.replace(path + '.tmp', path)
+
+
+def save_progress(args, result, what, r):
+    """The result so far to --out, and a line saying what was added (r): a run stopped by a time
+    limit still leaves everything it measured."""
+    write_json(args.out, result)
+    print(f'{time.time() - args.t_start:5.0f} s  {what}: {json.dumps(r)}', flush=True)
+
+
 def print_table(result):
     print(f'{"model":<13} {"variant":<44} {"ms/step":>8} {"speed-up":>8} {"MFU":>6} '
           f'{"loss diff":>10} {"grad diff":>9}')
@@ -490,18 +541,22 @@ def parse_args(argv):
     p.add_argument('--modes', default=','.join(MODES),
                    help='torch.compile modes, most wanted first (default: all three)')
     p.add_argument('--combo', default='auto',
-                   help="head levers compiled together: 'auto' (those that helped eager and "
-                        "keep the loss exact), 'plain' or e.g. padded_head,chunked_ce")
+                   help="head levers compiled together: 'auto' (those that sped up the eager "
+                        "step and kept its loss and gradients), 'plain' or e.g. "
+                        "padded_head,chunked_ce")
     p.add_argument('--chunk_rows', type=int, default=None,
                    help='rows per chunk of chunked_ce (default 8192, tiny 64)')
     p.add_argument('--steps', type=int, default=None,
                    help='timed steps per round and variant (default 10, tiny 2)')
     p.add_argument('--rounds', type=int, default=2)
     p.add_argument('--budget_s', type=float, default=210,
-                   help='no compile starts that would end later than this after the start')
+                   help='no compile starts that would end later than this after the start, '
+                        'less 20 s for the timing (default 210)')
     p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['H200'],
                    help='for the MFU (default: H200 bf16)')
-    p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_levers.json'))
+    p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_levers.json'),
+                   help='the JSON file, rewritten as the run goes (the GPU session: '
+                        '$OUT/gpu_levers.json, whence it comes back)')
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(',') if m]
     args.modes = [m for m in args.modes.split(',') if m]
@@ -552,7 +607,7 @@ def random_batches(c, device, n):
 
 def main(argv):
     args = parse_args(argv)
-    t_start = time.time()
+    args.t_start = t_start = time.time()
     with tempfile.TemporaryDirectory() as data_dir:
         configs = configs_for(args, data_dir)
         first = configs[args.models[0]]
@@ -578,6 +633,7 @@ def main(argv):
                 'tokens_per_step': c.batch_size * c.block_size,
                 'grouped_mm': c.ffn == 'moe' and grouped_mm_used(c, device),
                 'eager': eager, 'host_syncs': syncs}
+            save_progress(args, result, f'{m} eager', eager)
         best = args.combo_levers
         if best is None:  # --combo=auto
             best = best_levers(result['models'][args.models[0]]['eager'])
@@ -585,11 +641,16 @@ def main(argv):
 
         plan = compile_plan(args.models, args.modes, best)
         deadline = t_start + args.budget_s - RESERVE_S
-        compiled, ran = compiled_phase(plan, configs, setup, references, batches, args,
-                                       deadline)
+        for m in configs:
+            result['models'][m]['compiled'] = {}
+
+        def report(m, name, r):
+            result['models'][m]['compiled'][name] = r
+            save_progress(args, result, f'{m} compiled {name}', r)
+        ran = compiled_phase(plan, configs, setup, references, batches, args, deadline, report)
         for m, c in configs.items():
-            add_rates(compiled[m], 'default plain', c, args.peak_flops)
-            result['models'][m]['compiled'] = compiled[m]
+            add_rates(result['models'][m]['compiled'], 'default plain', c, args.peak_flops)
+            save_progress(args, result, f'{m} compiled, timed', result['models'][m]['compiled'])
 
         # the batches: on the first model's step compiled as train.py does, else eager
         variant = ran[args.models[0]].get('default plain')
@@ -601,9 +662,7 @@ def main(argv):
     result['wall_s'] = time.time() - t_start
 
     print_table(result)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(result, f, indent=2)
+    write_json(args.out, result)
     print(json.dumps(result))
 
 

@@ -11,8 +11,8 @@ opens its range when the gradient reaches it, one on its input closes it. torch.
 profiler ranges inside compiled code, so this split is measured eager; the compiled steps are
 timed whole, ours beside nanoGPT's, and split only into forward, optimizer and the rest.
 
-MFU counts FLOPs the same way for both models: 6 per matmul parameter and token (the output
-layer's included) plus causal attention, 6 x n_layer x block_size x d_model, as train.py does.
+FLOPs are counted for both models by two rules, each applied to both (flop_count): ours, as
+train.py counts them, and nanoGPT's own, as its GPT.estimate_mfu counts them.
 """
 import importlib.util
 import time
@@ -93,6 +93,14 @@ def ranged_loss(model, c, batch, open_ranges, autocast):
         return train.training_loss(ce, aux, c)
 
 
+def is_range(evt):
+    """A profiler range (record_function), not an op. On a GPU each range also appears as a device
+    event spanning the kernels inside it (a gpu_user_annotation, pytorch#130730), linked to the
+    range's CPU event as if it were a kernel the range launched: counted, either would add the time
+    inside the range a second time. Older torch has no is_user_annotation."""
+    return getattr(evt, 'is_user_annotation', False)
+
+
 def own_time(evt, on_gpu):
     """Microseconds: the kernels an op launched itself (GPU), or its own CPU time (CPU)."""
     if on_gpu:
@@ -105,7 +113,8 @@ def time_by_range(prof, names, on_gpu):
     -> {name: microseconds}, 'other' included."""
     times = dict.fromkeys([*names, 'other'], 0.0)
     for evt in prof.events():
-        if evt.device_type != DeviceType.CPU:  # a kernel: counted through the op that launched it
+        # a kernel counts through the op that launched it; a range holds ops, launches none
+        if evt.device_type != DeviceType.CPU or is_range(evt):
             continue
         enclosing = evt
         while enclosing is not None and enclosing.name not in names:
@@ -117,13 +126,15 @@ def time_by_range(prof, names, on_gpu):
 def kernel_time(prof):
     """Microseconds of all GPU kernels, whether or not an op is known to have launched them."""
     return sum(evt.time_range.elapsed_us() for evt in prof.events()
-               if evt.device_type == DeviceType.CUDA)
+               if evt.device_type == DeviceType.CUDA and not is_range(evt))
 
 
 def top_kernels(prof, on_gpu, n=8):
     """The n kernels (CPU: ops) with the most time, as {name: share of all of it}."""
     times = defaultdict(float)
     for evt in prof.events():
+        if is_range(evt):
+            continue
         if on_gpu and evt.device_type == DeviceType.CUDA:
             times[evt.name] += evt.time_range.elapsed_us()
         elif not on_gpu and evt.device_type == DeviceType.CPU:
@@ -229,11 +240,18 @@ def load_nanogpt(path):
     return module
 
 
-def flop_count(matmul_params, c):
-    """Training FLOPs per token as train.flops_per_token counts them, from the matmul params."""
-    attention = 6 * c.n_layer * c.block_size * c.d_model
-    return {'matmul_params': matmul_params, 'matmul_flops': 6 * matmul_params,
-            'attention_flops': attention, 'flops_per_token': 6 * matmul_params + attention}
+def flop_count(matmul_params, params, c):
+    """Training FLOPs per token by two rules, from a model's matmul params and its params.
+    flops_per_token, ours (train.flops_per_token): 6 per matmul param (the output layer's
+    included, the embedding lookup's not) plus causal attention, 6 x n_layer x block_size x
+    d_model (the scores and values over half the T x T square).
+    flops_per_token_nanogpt_rule, nanoGPT's (its GPT.estimate_mfu): 6 per param but the position
+    embedding's (the token embedding and the norm gains included) plus attention over the whole
+    square, 12 x n_layer x block_size x d_model."""
+    attention = c.n_layer * c.block_size * c.d_model
+    return {'matmul_params': matmul_params, 'flops_per_token': 6 * matmul_params + 6 * attention,
+            'params_nanogpt_rule': params,
+            'flops_per_token_nanogpt_rule': 6 * params + 12 * attention}
 
 
 def linear_weights(model):
@@ -257,15 +275,18 @@ def nanogpt_at_our_shapes(module, c, device):
     def loss_of(model, batch):
         with autocast:
             return model(*batch)[1]
-    return model, optimizer, loss_of, flop_count(linear_weights(model), c)
+    flops = flop_count(linear_weights(model), model.get_num_params(), c)
+    return model, optimizer, loss_of, flops
 
 
 def ours_at_our_shapes(c, device):
-    """Our model of config c, as nanogpt_at_our_shapes gives nanoGPT's."""
+    """Our model of config c, as nanogpt_at_our_shapes gives nanoGPT's. nanoGPT's rule counts the
+    MoE's active params: the experts a token does not use do no work for it."""
     model, optimizer = our_model(c, device)
     autocast = autocast_for(device)
     attention = 6 * c.n_layer * c.block_size * c.d_model
-    flops = flop_count((train.flops_per_token(c) - attention) // 6, c)
+    flops = flop_count((train.flops_per_token(c) - attention) // 6,
+                       train.count_params(c)['active'], c)
 
     def loss_of(model, batch):
         with autocast:
@@ -274,8 +295,14 @@ def ours_at_our_shapes(c, device):
     return model, optimizer, loss_of, flops
 
 
+def mfu(tokens_per_s, flops_per_token, peak_flops):
+    """The share of the GPU's peak FLOP/s done at tokens_per_s, or None (no known peak: a CPU)."""
+    return tokens_per_s * flops_per_token / peak_flops if peak_flops else None
+
+
 def timed_compiled(built, c, device, steps, peak_flops):
-    """Part 5 for one model: compiled steps timed, tokens/s, MFU, and a short profile of them."""
+    """Part 5 for one model: compiled steps timed, tokens/s, the MFU by each FLOP rule, and a
+    short profile of them."""
     model, optimizer, loss_of, flops = built
     on_gpu = device.type == 'cuda'
     # inductor on a GPU; on a CPU (--tiny) dynamo's capture alone, to check the logic quickly
@@ -289,7 +316,9 @@ def timed_compiled(built, c, device, steps, peak_flops):
     claimed = sum(times.values())
     total = kernel_time(prof) if on_gpu else claimed
     return {**flops, 'compiled': True, 'ms_per_step': 1e3 * seconds, 'tokens_per_s': tokens_per_s,
-            'mfu': tokens_per_s * flops['flops_per_token'] / peak_flops if peak_flops else None,
+            'mfu': mfu(tokens_per_s, flops['flops_per_token'], peak_flops),
+            'mfu_nanogpt_rule': mfu(tokens_per_s, flops['flops_per_token_nanogpt_rule'],
+                                    peak_flops),
             'seconds_with_compile': time.time() - t0,
             # backward_and_rest: the backward, outside both ranges, and any kernel no op claimed
             'shares': {'forward': times['forward'] / total, 'optimizer': times['optimizer'] / total,

@@ -11,6 +11,7 @@ over 20x room, while a real error moves far more: a padding column left in the s
 log(320/257) = 0.22 to the loss, a chunk left out drops its tokens' share of it."""
 import json
 import os
+import re
 import time
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 import gpu_levers
 import train
 from conftest import config, run
+from gpu_check import write_synthetic_data
 from plumbing import UserError
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # the module docstring says why
@@ -92,8 +94,12 @@ def test_a_compile_that_would_end_past_the_budget_is_skipped_and_says_so():
     args = gpu_levers.parse_args(['--device=cpu', '--tiny', '--budget_s=30'])
     # a CUDA device (nothing runs on it): the budget is checked before anything is built
     setup = (torch.device('cuda'), None, lambda: None)
-    results, ran = gpu_levers.compiled_phase(plan, {'moe': None}, setup, {}, [], args,
-                                             deadline=time.time() + 59)
+    results = {'moe': {}}
+
+    def report(m, name, r):
+        results[m][name] = r
+    ran = gpu_levers.compiled_phase(plan, {'moe': None}, setup, {}, [], args,
+                                    deadline=time.time() + 59, report=report)
     assert ran == {'moe': {}}
     # before any compile was timed, one is expected to take FIRST_COMPILE_S = 60 s
     why = {'skipped': 'its compile (about 60 s) would end past --budget_s=30'}
@@ -101,13 +107,39 @@ def test_a_compile_that_would_end_past_the_budget_is_skipped_and_says_so():
                                'reduce-overhead plain': why}}
 
 
+def measured(ms, loss_diff=1e-4, grad_diff=5e-3):
+    """An eager variant's result at a loss of 10: its ms and its differences from plain's."""
+    return {'ms': ms, 'loss': 10.0 + loss_diff, 'loss_diff': loss_diff, 'grad_diff': grad_diff}
+
+
 def test_auto_combo_takes_the_exact_levers_that_sped_up_the_eager_step():
-    eager = {'plain': {'ms': 100.0}, 'padded_head': {'ms': 90.0},  # 1.11x: taken
-             'chunked_ce': {'ms': 99.0},  # 1.01x: noise
-             'bf16_ce': {'ms': 50.0}}  # fastest, but it changes the loss
+    eager = {'plain': measured(100.0, 0.0, 0.0), 'padded_head': measured(90.0),  # 1.11x: taken
+             'chunked_ce': measured(99.0),  # 1.01x: noise
+             'bf16_ce': measured(50.0)}  # fastest, but it changes the loss
     assert gpu_levers.best_levers(eager) == ('padded_head',)
     eager['chunked_ce'] = {'error': 'OutOfMemoryError: ...'}
     assert gpu_levers.best_levers(eager) == ('padded_head',)
+
+
+@pytest.mark.parametrize('loss_diff, grad_diff', [(0.02, 5e-3), (1e-4, 0.1)])
+def test_auto_combo_leaves_out_a_faster_lever_that_changed_the_numbers(loss_diff, grad_diff):
+    """A loss 0.2% off, or a gradient 10% off: not bf16 rounding, whatever the speed."""
+    eager = {'plain': measured(100.0, 0.0, 0.0), 'chunked_ce': measured(90.0),
+             'padded_head': measured(80.0, loss_diff, grad_diff)}
+    assert gpu_levers.best_levers(eager) == ('chunked_ce',)
+
+
+def test_pageable_batches_have_the_strides_of_get_batchs(tmp_path):
+    """Copied to another device, x and y keep get_batch's strides (views of the windows), so a step
+    compiled for those is not compiled again. The meta device stands in for a GPU: a copy of a
+    strided view there comes out contiguous, as on a GPU."""
+    c = config(data_dir=str(tmp_path), batch_size=4)
+    write_synthetic_data(str(tmp_path), c.vocab_size, 1000, 100)
+    x, y = train.get_batch(c, 3, torch.device('cpu'))
+    on_meta = gpu_levers.pageable_batch(c, 3, torch.device('meta'))
+    assert [t.stride() for t in on_meta] == [x.stride(), y.stride()] == [(17, 1), (17, 1)]
+    on_cpu = gpu_levers.pageable_batch(c, 3, torch.device('cpu'))
+    assert torch.equal(on_cpu[0], x) and torch.equal(on_cpu[1], y)
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -133,7 +165,17 @@ def test_tiny_dry_run_writes_every_variant_measured_or_skipped(tmp_path):
               '--combo=padded_head,chunked_ce', f'--out={out_path}')
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == json.load(open(out_path))
+    assert result == json.load(open(out_path)) and os.listdir(tmp_path) == ['levers.json']
+    # the results were saved, and a line printed ('  12 s  what: {...}'), as each part ended
+    progress = re.findall(r'^ *\d+ s  (.+?): \{', out.stdout, flags=re.MULTILINE)
+    assert progress == ['dense_active eager', 'moe eager',
+                        'dense_active compiled default plain', 'moe compiled default plain',
+                        'dense_active compiled default padded_head+chunked_ce',
+                        'dense_active compiled reduce-overhead plain',
+                        'moe compiled reduce-overhead plain',
+                        'dense_active compiled max-autotune-no-cudagraphs plain',
+                        'moe compiled max-autotune-no-cudagraphs plain',
+                        'dense_active compiled, timed', 'moe compiled, timed']
     assert list(result['models']) == ['dense_active', 'moe']
     assert result['best_levers'] == ['padded_head', 'chunked_ce']
     for m, model in result['models'].items():
