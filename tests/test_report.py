@@ -397,3 +397,24 @@ def test_plateau_exit_is_the_first_logged_step_below_the_threshold(tmp_path):
     r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
     assert r['configs']['cpu_moe']['exit_step'] == {'1': 75, '2': None, '3': 25}
     assert '| 50 [25-75], never: 1 |' in (tmp_path / 'rep' / 'report.md').read_text()
+
+
+def test_val_at_step_pairs_one_evaluation_with_the_other_configs_best(tmp_path, capsys):
+    """time_cpu_moe's evaluation at step 20 (the best + 0.01 x seed, by curve) and at step 10 (the
+    best itself) against cpu_dense_total's best, seed by seed."""
+    import val_at_step
+    best = {'time_cpu_moe': (1.15, 1.16), 'cpu_dense_total': (1.20, 1.22)}
+    for name, values in best.items():
+        for seed, value in enumerate(values, 1):
+            write_run(tmp_path / name / f's{seed}', name, seed, 270, 160, False, value)
+    moe = [str(tmp_path / 'time_cpu_moe' / f's{s}') for s in (1, 2)]
+    dense = [str(tmp_path / 'cpu_dense_total' / f's{s}') for s in (1, 2)]
+    gap = val_at_step.main(['--iter', '20'] + moe + ['--against'] + dense)
+    assert gap['per_seed'] == {'1': pytest.approx(1.16 - 1.20), '2': pytest.approx(1.18 - 1.22)}
+    assert 'at step 20: -0.0400 ± 0.0000 [2 of 2 < 0]' in capsys.readouterr().out
+    gap = val_at_step.main(['--iter', '10'] + moe + ['--against'] + dense)
+    assert gap['per_seed'] == {'1': pytest.approx(-0.05), '2': pytest.approx(-0.06)}
+    with pytest.raises(UserError, match=r'no evaluation at step 15; pick one of \[0, 10, 20\]'):
+        val_at_step.main(['--iter', '15'] + moe + ['--against'] + dense)
+    with pytest.raises(UserError, match='give the runs of one config'):
+        val_at_step.main(['--iter', '10'] + moe + dense + ['--against'] + dense)
