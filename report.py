@@ -392,17 +392,17 @@ def compute_gaps(runs, warn, step_times=None):
     return out
 
 
-def curve_mean(seeds, key):
-    """{'tokens': [...], 'mean': [...]}: an eval key's mean over the seeds that logged it, at the
-    eval points they share."""
+def curve_mean(seeds, key, x='tokens'):
+    """{x: [...], 'mean': [...]}: an eval key's mean over the seeds that logged it, at the eval
+    points (x = 'tokens' or 'flops') they share."""
     curves = []
     for run in seeds.values():
-        curve = {r['tokens']: r[key] for r in run['evals'] if key in r}
+        curve = {r[x]: r[key] for r in run['evals'] if key in r}
         if curve:
             curves.append(curve)
-    tokens = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-    means = [sum(c[t] for c in curves) / len(curves) for t in tokens]
-    return {'tokens': tokens, 'mean': means}
+    points = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    means = [sum(c[p] for c in curves) / len(curves) for p in points]
+    return {x: points, 'mean': means}
 
 
 def data_epochs(config, tokens):
@@ -694,15 +694,6 @@ def plot(summary, runs, out_dir):
     return written
 
 
-def mean_val_curve(seeds, x):
-    """(points, mean val loss) over a config's seeds at the eval points they share, x = 'tokens'
-    or 'flops'; the untrained model's point left out."""
-    points = sorted(set.intersection(*({r[x] for r in s['evals']} for s in seeds.values())))
-    points = [p for p in points if p > 0]
-    curves = [{r[x]: r['val_loss'] for r in s['evals']} for s in seeds.values()]
-    return points, [sum(c[p] for c in curves) / len(curves) for p in points]
-
-
 def plot_budgets(plt, name, entry, runs, out_dir):
     """An MoE's runs at each budget and their dense_total, validation loss against training
     FLOPs (mean over seeds)."""
@@ -712,7 +703,10 @@ def plot_budgets(plt, name, entry, runs, out_dir):
         run_name = name if budget == 'tokens' else f'{budget}_{name}'
         lines.append((run_name, f'{name}, {BUDGET_LABELS[budget]}'))
     for run_name, label in lines:
-        points, mean = mean_val_curve(runs[run_name], 'flops')
+        curve = curve_mean(runs[run_name], 'val_loss', 'flops')
+        points, mean = curve['flops'], curve['mean']
+        if points and points[0] == 0:  # the untrained model's point would squash the rest
+            points, mean = points[1:], mean[1:]
         ax.plot(points, mean, label=f'{label} ({len(runs[run_name])} seeds)')
     low = min(line.get_ydata().min() for line in ax.get_lines())
     ax.set_ylim(top=1.5 * low)  # early losses would squash the interesting end
