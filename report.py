@@ -362,6 +362,12 @@ def t_statistic(gap):
     return gap['mean'] / gap['se'] if gap['se'] else None
 
 
+def budget_entry(seeds, dense):
+    """One budget of an MoE: its summary and its seed-paired gap to its dense_total."""
+    gap = paired(seeds, dense) or NO_GAP
+    return {**budget_summary(seeds), 'vs_dense_total': {**gap, 't': t_statistic(gap)}}
+
+
 def compute_gaps(runs, warn, step_times=None):
     """Who wins under which budget: each MoE trained at the recipe's tokens and, where its
     flops_/time_ runs exist, at dense_total's training FLOPs and time, against that dense_total,
@@ -379,14 +385,12 @@ def compute_gaps(runs, warn, step_times=None):
         dense = dense_total_of(config, runs)
         if dense is None:
             continue
-        entry = out.setdefault(config, {'dense_total': dense, **budget_summary(runs[dense]),
-                                        'budgets': {}})
-        if step_times and config in step_times:
-            entry['step_ms'] = step_times[config]
-        for b, run_name in (('tokens', config), (budget, name)):
-            gap = paired(runs[run_name], runs[dense]) or NO_GAP
-            entry['budgets'][b] = {**budget_summary(runs[run_name]),
-                                   'vs_dense_total': {**gap, 't': t_statistic(gap)}}
+        if config not in out:  # the MoE's first budget run: its dense_total and its recipe run
+            out[config] = {'dense_total': dense, **budget_summary(runs[dense]),
+                           'budgets': {'tokens': budget_entry(runs[config], runs[dense])}}
+            if step_times and config in step_times:
+                out[config]['step_ms'] = step_times[config]
+        out[config]['budgets'][budget] = budget_entry(runs[name], runs[dense])
     for entry in out.values():  # budgets in a fixed order
         entry['budgets'] = {b: entry['budgets'][b] for b in BUDGETS if b in entry['budgets']}
     return out

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import gpu_profile  # noqa: E402
 import plumbing  # noqa: E402
 import train  # noqa: E402
 from gpu_check import write_synthetic_data  # noqa: E402
@@ -473,7 +474,8 @@ def add_rates(group, reference, c, peak_flops):
     ref_ms = group.get(reference, {}).get('ms')
     for r in group.values():
         if 'ms' in r:
-            r['mfu'] = tokens / (r['ms'] / 1e3) * train.flops_per_token(c) / peak_flops
+            r['mfu'] = gpu_profile.mfu(tokens / (r['ms'] / 1e3), train.flops_per_token(c),
+                                       peak_flops)
             if ref_ms:
                 r['speedup'] = ref_ms / r['ms']
 
