@@ -481,18 +481,11 @@ def add_rates(group, reference, c, peak_flops):
 
 
 # ----------------------------------------------------------------------------- report
-def write_json(path, obj):
-    """obj to path as JSON, through a temporary file: a kill mid-write leaves the last version."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + '.tmp', 'w') as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + '.tmp', path)
-
-
 def save_progress(args, result, what, r):
     """The result so far to --out, and a line saying what was added (r): a run stopped by a time
-    limit still leaves everything it measured."""
-    write_json(args.out, result)
+    limit still leaves everything it measured (plumbing.save: a kill mid-write leaves the last
+    version)."""
+    plumbing.save(args.out, result)
     print(f'{time.time() - args.t_start:5.0f} s  {what}: {json.dumps(r)}', flush=True)
 
 
@@ -610,6 +603,7 @@ def random_batches(c, device, n):
 def main(argv):
     args = parse_args(argv)
     args.t_start = t_start = time.time()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with tempfile.TemporaryDirectory() as data_dir:
         configs = configs_for(args, data_dir)
         first = configs[args.models[0]]
@@ -664,7 +658,7 @@ def main(argv):
     result['wall_s'] = time.time() - t_start
 
     print_table(result)
-    write_json(args.out, result)
+    plumbing.save(args.out, result)
     print(json.dumps(result))
 
 

@@ -66,6 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, 'scripts')]
 import gpu_profile  # noqa: E402
 import plumbing  # noqa: E402
+import report  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError  # noqa: E402
 
@@ -142,14 +143,10 @@ def attempt(fn, *fn_args):
 
 
 def read_log(path):
-    """A run's log.jsonl records; a torn last line (a killed run) is skipped."""
-    records = []
-    for line in open(path):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    """A run's log.jsonl records; a torn last line (a killed run, expected here) is skipped
+    without a word."""
+    with open(path) as lines:
+        return report.read_records(path, lines, warn=lambda message: None)
 
 
 def keep_log(args, run_log, name):
