@@ -396,17 +396,37 @@ def compute_gaps(runs, warn, step_times=None):
     return out
 
 
-def curve_mean(seeds, key, x='tokens'):
-    """{x: [...], 'mean': [...]}: an eval key's mean over the seeds that logged it, at the eval
-    points (x = 'tokens' or 'flops') they share."""
-    curves = []
+def seed_curves(seeds, key, x='tokens'):
+    """(points, curves): the eval points (x = 'tokens' or 'flops') shared by the seeds that
+    logged an eval key, and each such seed's values of it at those points."""
+    by_seed = []
     for run in seeds.values():
         curve = {r[x]: r[key] for r in run['evals'] if key in r}
         if curve:
-            curves.append(curve)
-    points = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-    means = [sum(c[p] for c in curves) / len(curves) for p in points]
-    return {x: points, 'mean': means}
+            by_seed.append(curve)
+    points = sorted(set.intersection(*(set(c) for c in by_seed))) if by_seed else []
+    return points, [[c[p] for p in points] for c in by_seed]
+
+
+def pointwise_mean(curves):
+    """The mean over the curves at each point."""
+    return [sum(values) / len(values) for values in zip(*curves)]
+
+
+def curve_mean(seeds, key, x='tokens'):
+    """{x: [...], 'mean': [...]}: an eval key's mean over the seeds that logged it, at the eval
+    points they share."""
+    points, curves = seed_curves(seeds, key, x)
+    return {x: points, 'mean': pointwise_mean(curves)}
+
+
+def trained_val_curves(seeds, x):
+    """seed_curves of the validation loss without the untrained model's point (x = 0): its loss
+    would squash a plot's axis."""
+    points, curves = seed_curves(seeds, 'val_loss', x)
+    if points and points[0] == 0:
+        points, curves = points[1:], [c[1:] for c in curves]
+    return points, curves
 
 
 def data_epochs(config, tokens):
@@ -707,11 +727,8 @@ def plot_budgets(plt, name, entry, runs, out_dir):
         run_name = name if budget == 'tokens' else f'{budget}_{name}'
         lines.append((run_name, f'{name}, {BUDGET_LABELS[budget]}'))
     for run_name, label in lines:
-        curve = curve_mean(runs[run_name], 'val_loss', 'flops')
-        points, mean = curve['flops'], curve['mean']
-        if points and points[0] == 0:  # the untrained model's point would squash the rest
-            points, mean = points[1:], mean[1:]
-        ax.plot(points, mean, label=f'{label} ({len(runs[run_name])} seeds)')
+        points, curves = trained_val_curves(runs[run_name], 'flops')
+        ax.plot(points, pointwise_mean(curves), label=f'{label} ({len(runs[run_name])} seeds)')
     low = min(line.get_ydata().min() for line in ax.get_lines())
     ax.set_ylim(top=1.5 * low)  # early losses would squash the interesting end
     ax.set(xlabel='training FLOPs', ylabel='validation loss',
@@ -749,15 +766,11 @@ def plot_val_loss(plt, fam, runs, out_dir, tag, x):
     for role in ROLES:
         if role not in fam['configs']:
             continue
-        seeds = runs[fam['configs'][role]].values()
-        points = sorted(set.intersection(*({r[x] for r in s['evals']} for s in seeds)))
-        # the untrained model's loss would squash the axis
-        points = [p for p in points if p > 0]
-        curves = [[{r[x]: r['val_loss'] for r in s['evals']}[p] for p in points] for s in seeds]
+        name = fam['configs'][role]
+        points, curves = trained_val_curves(runs[name], x)
         if not points:
             continue
-        mean = [sum(v) / len(v) for v in zip(*curves)]
-        ax.plot(points, mean, label=f'{fam["configs"][role]} ({len(curves)} seeds)')
+        ax.plot(points, pointwise_mean(curves), label=f'{name} ({len(curves)} seeds)')
         low = [min(v) for v in zip(*curves)]
         high = [max(v) for v in zip(*curves)]
         ax.fill_between(points, low, high, alpha=0.25)

@@ -299,6 +299,15 @@ def test_who_wins_under_which_budget(tmp_path):
             'fastest logged training intervals: 50.0 and 100.0 ms (2.000x).') in text
 
 
+def test_plotted_curves_share_points_and_leave_out_the_untrained_model():
+    """The val loss curves a plot draws: the points every seed logged, without x = 0."""
+    seeds = {1: {'evals': [{'flops': 0, 'val_loss': 5.5}, {'flops': 10, 'val_loss': 2.0},
+                           {'flops': 20, 'val_loss': 1.5}]},
+             2: {'evals': [{'flops': 0, 'val_loss': 5.4}, {'flops': 10, 'val_loss': 2.2}]}}
+    assert report.trained_val_curves(seeds, 'flops') == ([10], [[2.0], [2.2]])
+    assert report.pointwise_mean([[2.0, 1.0], [2.2, 3.0]]) == pytest.approx([2.1, 2.0])
+
+
 def test_flops_of_logs_written_before_train_logged_them():
     """A run whose config.json has no flops_per_token gets train.py's count."""
     config = {'config_name': 'cpu_moe', 'ffn': 'moe', 'd_model': 44, 'n_layer': 4, 'n_head': 2,
