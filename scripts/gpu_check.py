@@ -26,6 +26,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import gpu_profile  # noqa: E402
 import plumbing  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError  # noqa: E402
@@ -111,7 +112,7 @@ def main(argv):
             result['models'][name] = {
                 'params': train.count_params(cfg), 'tokens_per_s': tok_s,
                 'ms_per_step': 1e3 * run_cfg['tokens_per_iter'] / tok_s,
-                'flops_per_token': flops, 'mfu': flops * tok_s / args.peak_flops,
+                'flops_per_token': flops, 'mfu': gpu_profile.mfu(tok_s, flops, args.peak_flops),
                 'compile': run_cfg['compile_used'], 'wall_s': time.time() - t0}
     models = result['models']
     moe_ms, dense_ms = models['moe']['ms_per_step'], models['dense_active']['ms_per_step']
@@ -124,8 +125,7 @@ def main(argv):
               f'{100 * m["mfu"]:>6.2f}% {m["wall_s"]:>7.0f}')
     print(f'moe / dense_active step time: {result["moe_over_dense_active"]:.3f}')
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-        json.dump(result, f, indent=2)
+    plumbing.save(args.out, result)  # a kill mid-write leaves the last version
     print(json.dumps(result))
 
 
