@@ -72,7 +72,7 @@ POSITIVE = ('vocab_size', 'block_size', 'n_layer', 'n_head', 'd_model', 'ffn_mul
             'n_experts', 'moe_hidden', 'batch_size', 'grad_accum', 'eval_interval', 'eval_tokens',
             'log_interval', 'ckpt_interval')
 NOT_NEGATIVE = ('seed', 'data_seed',  # numpy's generator takes seed 0, no negative one
-                'bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult')
+                'bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult', 'warmup_iters')
 
 
 def check(c):

@@ -71,6 +71,7 @@ max_iters = 0             # if > 0, overrides max_tokens
 learning_rate = 2e-3
 min_lr = 2e-4             # cosine decay ends here (a tenth of the peak, as in LLaMA)
 warmup_frac = 0.02        # linear warmup over this fraction of the iterations
+warmup_iters = 0          # if > 0, overrides warmup_frac: a warmup of this many iterations
 weight_decay = 0.1        # on >= 2-D weights only
 beta1 = 0.9
 beta2 = 0.95
@@ -523,7 +524,7 @@ def param_groups(model, c):
 
 def lr_at(it, c, iters):
     """Linear warmup to learning_rate, then cosine decay to min_lr at the last iteration."""
-    warmup = max(1, round(c.warmup_frac * iters))
+    warmup = c.warmup_iters if c.warmup_iters > 0 else max(1, round(c.warmup_frac * iters))
     if it < warmup:
         return c.learning_rate * (it + 1) / warmup
     progress = (it - warmup) / max(1, iters - 1 - warmup)

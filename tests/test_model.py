@@ -484,6 +484,7 @@ def test_config_errors_are_one_clear_line(tmp_path):
     assert 'match' in config_error('config/moe.py', "--match='active'")
     assert 'device' in config_error("--device='gpu'")
     assert 'router_lr_mult must be >= 0' in config_error('--router_lr_mult=-1.0')
+    assert 'warmup_iters must be >= 0' in config_error('--warmup_iters=-5')
     assert 'use it with ffn = moe' in config_error('config/cpu_dense_total.py', '--bias_rate=0.001')
     # and as a user sees it: exit code 1, one line naming the script, no traceback
     out = run('train.py', 'config/cpu_moe.py', '--n_layers=2')
@@ -533,7 +534,7 @@ def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tm
 
 # ----------------------------------------------------------------------- learning rate, grouped_mm
 def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
-    c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02)
+    c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02, warmup_iters=0)
     iters = 1120  # the CPU recipe: warmup round(22.4) = 22 steps
     lrs = [train.lr_at(it, c, iters) for it in range(iters)]
     assert lrs[0] == pytest.approx(3e-3 / 22) and lrs[10] == pytest.approx(3e-3 * 11 / 22)
@@ -543,6 +544,15 @@ def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
     mid = 22 + (iters - 1 - 22) / 2  # half way through the cosine: the mean of peak and min_lr
     assert train.lr_at(mid, c, iters) == pytest.approx((3e-3 + 3e-4) / 2)
     assert all(a >= b for a, b in zip(lrs[22:], lrs[23:]))
+
+
+def test_warmup_iters_fixes_the_warmup_in_steps_whatever_the_run_length():
+    c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02, warmup_iters=112)
+    for iters in (280, 1120, 2240):  # a quarter of the CPU recipe's steps, all of them, twice
+        lrs = [train.lr_at(it, c, iters) for it in range(iters)]
+        assert lrs[0] == pytest.approx(3e-3 / 112) and lrs[55] == pytest.approx(3e-3 * 56 / 112)
+        assert lrs[111] == lrs[112] == pytest.approx(3e-3) and max(lrs) == lrs[111]
+        assert lrs[-1] == pytest.approx(3e-4)
 
 
 @pytest.mark.parametrize('cuda, dtype, width, hidden, has_op, ok', [
