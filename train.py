@@ -522,9 +522,14 @@ def param_groups(model, c):
             {'params': routers, 'weight_decay': router_decay, 'lr_mult': c.router_lr_mult}]
 
 
+def warmup_steps(c, iters):
+    """warmup_iters, or else warmup_frac of the iterations (at least one)."""
+    return c.warmup_iters if c.warmup_iters > 0 else max(1, round(c.warmup_frac * iters))
+
+
 def lr_at(it, c, iters):
     """Linear warmup to learning_rate, then cosine decay to min_lr at the last iteration."""
-    warmup = c.warmup_iters if c.warmup_iters > 0 else max(1, round(c.warmup_frac * iters))
+    warmup = warmup_steps(c, iters)
     if it < warmup:
         return c.learning_rate * (it + 1) / warmup
     progress = (it - warmup) / max(1, iters - 1 - warmup)
