@@ -19,6 +19,8 @@ import glob
 import json
 import math
 import os
+import random
+import statistics
 import sys
 import types
 from collections import defaultdict
@@ -46,6 +48,8 @@ GAP_LABELS = {'active': 'dense_active - moe', 'total': 'moe - dense_total'}
 # cpu_dense_total's training FLOPs, or its time (make compute, scripts/compute_budget.py)
 BUDGETS = ('tokens', 'flops', 'time')
 BUDGET_LABELS = {'tokens': 'equal tokens', 'flops': 'equal FLOPs', 'time': 'equal time'}
+# resamples of the seeds behind break_even's 90% interval
+BOOTSTRAP = 2000
 
 
 def budget_of(name):
@@ -283,6 +287,7 @@ def summarise(runs, warn, step_times=None):
     out['variants'], out['variant_curves'] = variants(runs, warn)
     out['scan'] = scan(out['families'], runs)
     out['compute'] = compute_gaps(runs, warn, step_times)
+    out['break_even'] = {name: break_even(entry) for name, entry in out['compute'].items()}
     return out
 
 
@@ -391,9 +396,49 @@ def compute_gaps(runs, warn, step_times=None):
             if step_times and config in step_times:
                 out[config]['step_ms'] = step_times[config]
         out[config]['budgets'][budget] = budget_entry(runs[name], runs[dense])
-    for entry in out.values():  # budgets in a fixed order
+    for entry in out.values():  # budgets in a fixed order, each with its token multiplier
         entry['budgets'] = {b: entry['budgets'][b] for b in BUDGETS if b in entry['budgets']}
+        for b in entry['budgets'].values():
+            b['k'] = b['tokens'] / entry['tokens']
     return out
+
+
+def crossing(ks, gaps):
+    """The k at which a gap (MoE - dense_total) first reaches 0 as k grows, linear between the
+    trained k's: -inf if it is <= 0 already at the first k, inf if it never gets there."""
+    if gaps[0] <= 0:
+        return -math.inf
+    for k0, g0, k1, g1 in zip(ks, gaps, ks[1:], gaps[1:]):
+        if g1 <= 0:
+            return k0 + (k1 - k0) * g0 / (g0 - g1)
+    return math.inf
+
+
+def break_even(entry, resamples=BOOTSTRAP):
+    """k*: the token multiplier k (the MoE's tokens / its dense_total's, each run with its own
+    schedule) at which the seed-mean gap to dense_total reaches 0; an MoE wins on time on a
+    machine where dense_total's step takes more than k* times the MoE's. Over the seeds trained
+    at every k: k*, a 90% interval from resampling those seeds, and each seed's own crossing.
+    None with fewer than two k's."""
+    budgets = sorted(entry['budgets'].values(), key=lambda b: b['k'])
+    per_k = [b['vs_dense_total']['per_seed'] for b in budgets]
+    seeds = sorted(set.intersection(*(set(p) for p in per_k)), key=int)
+    if len(budgets) < 2 or not seeds:
+        return None
+    ks = [b['k'] for b in budgets]
+
+    def mean_crossing(sample):
+        return crossing(ks, [sum(p[s] for s in sample) / len(sample) for p in per_k])
+
+    rng = random.Random(0)  # the same interval on every run of the report
+    boot = sorted(mean_crossing(rng.choices(seeds, k=len(seeds))) for _ in range(resamples))
+    interval = [boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]]
+    per_k_gaps = [{'k': b['k'], **{key: b['vs_dense_total'][key]
+                                   for key in ('mean', 'std', 'n', 'positive', 't')}}
+                  for b in budgets]
+    return {'k_star': mean_crossing(seeds), 'interval': interval, 'seeds': len(seeds),
+            'per_seed': {s: crossing(ks, [p[s] for p in per_k]) for s in seeds},
+            'per_k': per_k_gaps}
 
 
 def seed_curves(seeds, key, x='tokens'):
@@ -573,7 +618,47 @@ def compute_lines(compute):
         ratio = ms['dense_total'] / ms['moe']
         lines.append(f'- {name}: {ms["moe"]:.1f} ms a step, its dense_total '
                      f'{ms["dense_total"]:.1f} ms ({ratio:.3f}x); {ms["hardware"]}, '
-                     f'torch {ms["torch"]}. {fastest_text(compute[name])}')
+                     f'torch {ms["torch"]}.{trained_for_text(compute[name])} '
+                     f'{fastest_text(compute[name])}')
+    return lines
+
+
+def trained_for_text(entry):
+    """The token multiplier the equal-time runs trained for: the step-time ratio of the bench
+    file they were planned from, which a later measurement may not repeat."""
+    if 'time' not in entry['budgets']:
+        return ''
+    return f' Its equal-time runs trained for {entry["budgets"]["time"]["k"]:.3f}x the tokens.'
+
+
+def k_text(k):
+    """A crossing: its value, or the side of the trained k's it lies beyond."""
+    if k == -math.inf:
+        return 'below the trained k\'s'
+    if k == math.inf:
+        return 'above the trained k\'s'
+    return f'{k:.3f}'
+
+
+def break_even_lines(break_even):
+    lines = ['', '## Break-even: the token multiplier k* against the step-time ratio r', '',
+             'k: the MoE\'s tokens over its dense_total\'s, each run with its own warmup and '
+             'cosine schedule. k*: where the seed-mean gap (MoE - dense_total) reaches 0, linear '
+             'between the trained k\'s: the gap falls ever more slowly with k, so the line between '
+             'two trained k\'s lies above it and k* leans high, against the MoE. The 90% interval '
+             f'resamples the seeds trained at every k ({BOOTSTRAP} times). The MoE wins on time on '
+             'a machine where dense_total\'s step takes more than k* times the MoE\'s (r > k*).',
+             '', '| MoE | seeds | gap at each k | k* | 90% interval | each seed\'s k*: median '
+             '[min-max] |', '|---|---|---|---|---|---|']
+    for name, b in break_even.items():
+        if b is None:
+            continue
+        gaps = ', '.join(f'{g["k"]:.3f}: {g["mean"]:+.4f}' for g in b['per_k'])
+        seeds = b['per_seed'].values()
+        low, high = b['interval']
+        lines.append(f'| {name} | {b["seeds"]} | {gaps} | {k_text(b["k_star"])} | '
+                     f'{k_text(low)} - {k_text(high)} | {k_text(statistics.median(seeds))} '
+                     f'[{k_text(min(seeds))} - {k_text(max(seeds))}] |')
     return lines
 
 
@@ -684,6 +769,7 @@ def markdown(summary, runs, warnings, plots):
         lines += variant_lines(summary['variants'], summary['variant_curves'])
     if summary['compute']:
         lines += compute_lines(summary['compute'])
+        lines += break_even_lines(summary['break_even'])
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:

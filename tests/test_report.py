@@ -295,8 +295,40 @@ def test_who_wins_under_which_budget(tmp_path):
     row = ('| cpu_moe | equal FLOPs | 0.00M | 1.88 | 3.6e+06 | 2 s '
            '| -0.0050 ± 0.0212 [1 of 2 < 0] | -0.3 | 0 of 2 (+0.0150) |')
     assert row in text
-    assert ('- cpu_moe: 40.0 ms a step, its dense_total 50.0 ms (1.250x); a CPU, torch 2.x. The '
-            'fastest logged training intervals: 50.0 and 100.0 ms (2.000x).') in text
+    assert ('- cpu_moe: 40.0 ms a step, its dense_total 50.0 ms (1.250x); a CPU, torch 2.x. Its '
+            'equal-time runs trained for 1.250x the tokens. The fastest logged training intervals: '
+            '50.0 and 100.0 ms (2.000x).') in text
+    assert [moe['budgets'][b]['k'] for b in ('tokens', 'flops', 'time')] == [1.0, 1.5, 1.25]
+    assert r['break_even']['cpu_moe']['seeds'] == 2
+
+
+def gap_at_k(k, per_seed):
+    """A budget entry as compute_gaps makes it: its k and its seed-paired gap."""
+    gap = {'per_seed': per_seed, 'mean': statistics.mean(per_seed.values()), 'std': 0.0,
+           'n': len(per_seed), 'positive': sum(v > 0 for v in per_seed.values()), 't': None}
+    return {'k': k, 'vs_dense_total': gap}
+
+
+def test_crossing_is_linear_between_trained_ks_or_says_which_side():
+    assert report.crossing([1.0, 1.25, 1.5], [0.03, -0.01, -0.02]) == pytest.approx(1.1875)
+    assert report.crossing([1.0, 1.5], [-0.01, -0.02]) == -math.inf  # the MoE wins at every k
+    assert report.crossing([1.0, 1.5], [0.02, 0.01]) == math.inf  # and at none
+
+
+def test_break_even_k_star_its_interval_and_each_seeds():
+    # seed 1 reaches 0 at k 1.25, seed 2 at 1.125, their mean (0.03, -0.01, -0.025) at 1.1875;
+    # seed 3 was trained at one k only and is left out
+    entry = {'budgets': {'tokens': gap_at_k(1.0, {'1': 0.04, '2': 0.02, '3': 0.5}),
+                         'time': gap_at_k(1.25, {'1': 0.0, '2': -0.02}),
+                         'flops': gap_at_k(1.5, {'1': -0.02, '2': -0.03})}}
+    b = report.break_even(entry)
+    assert b['seeds'] == 2 and b['k_star'] == pytest.approx(1.1875)
+    assert b['per_seed'] == {'1': pytest.approx(1.25), '2': pytest.approx(1.125)}
+    # resampling two seeds: both seed 2 (k* 1.125) a quarter of the time, both seed 1 a quarter
+    assert b['interval'] == [pytest.approx(1.125), pytest.approx(1.25)]
+    assert [g['k'] for g in b['per_k']] == [1.0, 1.25, 1.5]
+    assert b['per_k'][0]['n'] == 3  # each k's own gap, over all of its seeds
+    assert report.break_even({'budgets': {'tokens': entry['budgets']['tokens']}}) is None
 
 
 def test_plotted_curves_share_points_and_leave_out_the_untrained_model():
@@ -427,3 +459,20 @@ def test_val_at_step_pairs_one_evaluation_with_the_other_configs_best(tmp_path, 
         val_at_step.main(['--iter', '15'] + moe + ['--against'] + dense)
     with pytest.raises(UserError, match='give the runs of one config'):
         val_at_step.main(['--iter', '10'] + moe + dense + ['--against'] + dense)
+
+
+def test_val_at_step_bias_pairs_a_shorter_plan_with_the_longer_run_at_its_tokens(tmp_path,
+                                                                                  capsys):
+    """cpu_moe ends at 2,500 tokens with its best 1.25; time_cpu_moe, on twice the tokens,
+    evaluates 1.15 at 2,000 and 1.16 at 4,000 tokens: 1.1525 at 2,500, linearly."""
+    import val_at_step
+    for name, best, scale in (('cpu_moe', 1.25, 1), ('time_cpu_moe', 1.15, 2)):
+        folder = tmp_path / name
+        write_run(folder, name, 1, 270, 160, False, best)
+        lines = [json.loads(x) for x in (folder / 'log.jsonl').read_text().splitlines()]
+        write_jsonl(folder / 'log.jsonl', [{**r, 'tokens': r['tokens'] * scale} for r in lines])
+    pairs = val_at_step.main(['--bias', str(tmp_path / 'cpu_moe'), str(tmp_path / 'time_cpu_moe')])
+    assert pairs == [('cpu_moe', 1, 'tokens', 'time', pytest.approx(1.25 - 1.1525))]
+    assert 'ended worse in 1 of 1 pairs: +0.0975' in capsys.readouterr().out
+    with pytest.raises(UserError, match='no config has runs planned for two budgets'):
+        val_at_step.main(['--bias', str(tmp_path / 'cpu_moe')])
