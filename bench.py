@@ -8,7 +8,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
 
 All models come from the given config's shared recipe (only the FFN differs, as in training). The
 naive MoE is the simplest correct implementation: every expert runs on every token and the outputs
-are combined with the sparse top-k gate weights. Steps (forward, backward, AdamW) run on the same
+are combined with the sparse top-k routing weights. Steps (forward, backward, AdamW) run on the same
 batches, the models interleaved, in several rounds; the medians are reported. The last line is one
 JSON object. Any other --key=value is a train.py config override.
 """
@@ -25,12 +25,12 @@ import train
 
 
 class NaiveMoE(train.MoE):
-    """The reference: each expert on all N tokens (E x the FFN compute), then the gate-weighted
-    sum."""
+    """The reference: each expert on all N tokens (E x the FFN compute), then the sum weighted by
+    the routing weights."""
 
     def dispatch(self, x, weights, experts):
         N, E = x.shape[0], self.n_experts
-        # the gate weights as an (E, N) matrix, zero where a token does not go to an expert
+        # the routing weights as an (E, N) matrix, zero where a token does not go to an expert
         # (assignment a is token a % N)
         gates = torch.zeros(E, N, device=x.device)
         gates = gates.scatter(0, experts.view(-1, N), weights.view(-1, N))

@@ -1,7 +1,7 @@
 """
 Export a trained run to a Hugging Face transformers folder: dense runs as LlamaForCausalLM, MoE
 runs as MixtralForCausalLM (config.json + model.safetensors), with the run's tokenizer for
-AutoTokenizer.
+AutoTokenizer and a model card (README.md) whose figures come from the run's checkpoint and log.
 
     python export_hf.py --out_dir out/moe-s1 --to hf/moe-s1
     python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('hf/moe-s1')"
@@ -14,24 +14,33 @@ transformers itself is not needed to export.
 The tokenizer: GPT-2 runs get GPT-2's BPE files (tiktoken's); bytes runs a byte-level
 tokenizer.json (ids 0-255 are the UTF-8 bytes, 256 is <|endoftext|>, as in prepare.ByteTokenizer),
 built with the tokenizers package (imported for bytes runs only; transformers installs it).
-Top-1 MoE runs cannot be exported: their gate keeps the raw softmax probability (Switch), while
-Mixtral always renormalises the top-k weights, which at top-1 makes every gate 1.
+Top-1 MoE runs cannot be exported: their routing weight is the raw softmax probability (Switch),
+while Mixtral always renormalises the top-k weights, which at top-1 makes every weight 1.
 """
 import argparse
 import json
+import math
 import os
 import shutil
+import types
 
 from safetensors.torch import save_file
 
+import train
 from plumbing import UserError, load_checkpoint, one_line_errors
+from prepare import HF_DATASET
+
+
+def architecture(c):
+    """The transformers class a run's config becomes."""
+    return 'MixtralForCausalLM' if c['ffn'] == 'moe' else 'LlamaForCausalLM'
 
 
 def hf_config(c, eot_id):
     """config.json for transformers, from a run's config."""
     moe = c['ffn'] == 'moe'
     config = {
-        'architectures': ['MixtralForCausalLM' if moe else 'LlamaForCausalLM'],
+        'architectures': [architecture(c)],
         'model_type': 'mixtral' if moe else 'llama',
         'vocab_size': c['vocab_size'], 'hidden_size': c['d_model'],
         'num_hidden_layers': c['n_layer'], 'num_attention_heads': c['n_head'],
@@ -128,30 +137,131 @@ def write_bytes_tokenizer(folder, block_size):
 
 
 def load_run(path):
-    """-> (config, weights, meta) of a checkpoint that Mixtral or Llama can express."""
+    """A checkpoint (config, weights, meta, iter, tokens) that Mixtral or Llama can express."""
     if not os.path.isfile(path):
         raise UserError(f'no checkpoint at {path}; train one first or point --out_dir at a run '
                         'folder')
     ckpt = load_checkpoint(path)
     try:
-        c, sd, meta = ckpt['config'], ckpt['model'], ckpt['meta']
+        c = ckpt['config']
+        missing = ', '.join(sorted({'model', 'meta', 'iter', 'tokens'} - set(ckpt)))
     except Exception as e:
         raise UserError(f'{path} is not a usable tinymoe checkpoint ({type(e).__name__})') from None
+    if missing:
+        raise UserError(f'{path} is not a usable tinymoe checkpoint (no {missing})')
     if c['ffn'] == 'moe' and c['top_k'] < 2:
-        raise UserError('top-1 MoE runs keep the raw gate probability, which Mixtral cannot '
+        raise UserError('top-1 MoE runs keep the raw routing probability, which Mixtral cannot '
                         'express (it renormalises the top-k weights); only top_k >= 2 runs can be '
                         'exported')
     if c.get('shared_hidden') or c.get('bias_rate'):
         raise UserError('Mixtral has no shared expert and no selection bias: only runs without '
                         'shared_hidden and bias_rate can be exported')
-    return c, sd, meta
+    return ckpt
+
+
+def best_eval(out_dir, until):
+    """The run's best validation loss up to step `until`, and its step, from its log.jsonl."""
+    path = os.path.join(out_dir, 'log.jsonl')
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        raise UserError(f'no {path}: the model card needs the log of the run beside its '
+                        'checkpoint') from None
+    evals = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:  # a line torn by a kill mid-write
+            continue
+        if 'val_loss' in r and r['iter'] <= until and math.isfinite(r['val_loss']):
+            evals.append(r)
+    if not evals:
+        raise UserError(f'{path} has no evaluation up to iter {until} for the model card')
+    best = min(evals, key=lambda r: r['val_loss'])  # the first of equals, as train.py keeps it
+    return best['val_loss'], best['iter']
+
+
+# config keys that say where the run's files and logs went, not what the model is
+NOT_THE_MODEL = ('out_dir', 'config_name', 'data_dir', 'resume', 'print_params', 'wandb_log',
+                 'wandb_project', 'wandb_run_name')
+
+
+def model_card(name, ckpt, best, to):
+    """README.md: the hub's metadata block, what the model is, its figures, all from the run's
+    files (the checkpoint's config, meta, iter and tokens, and best: (val loss, step) from its log),
+    and how to load it with transformers and generate."""
+    c, meta = ckpt['config'], ckpt['meta']
+    moe = c['ffn'] == 'moe'
+    params = train.count_params(types.SimpleNamespace(**{**train.DEFAULTS, **c}))
+    changed = [f'`{k}={v!r}`' for k, v in c.items()
+               if k in train.DEFAULTS and k not in NOT_THE_MODEL and v != train.DEFAULTS[k]]
+    shape = f'{c["n_layer"]} layers, d_model {c["d_model"]}, {c["n_head"]} heads'
+    if moe:
+        ffn = f'{c["n_experts"]} SwiGLU experts of width {c["moe_hidden"]}, top-{c["top_k"]}'
+    else:
+        ffn = f'a SwiGLU of width {c["ffn_hidden"]}'
+    if meta['tokenizer'] == 'gpt2':
+        tokenizer = f'GPT-2 BPE, {meta["vocab_size"]:,} ids; {meta["eot_id"]} is <|endoftext|>'
+    else:
+        tokenizer = f'bytes: ids 0-255 are the UTF-8 bytes, {meta["eot_id"]} is <|endoftext|>'
+    kind = 'Mixtral-style mixture-of-experts' if moe else 'LLaMA-style dense'
+    val_loss, val_step = best
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+language:
+- en
+datasets:
+- {HF_DATASET}
+tags:
+- tinymoe
+- {'mixtral' if moe else 'llama'}
+- {'mixture-of-experts' if moe else 'dense'}
+- tinystories
+---
+
+# {name}
+
+A tiny research model: a {kind} decoder trained from scratch by tinymoe on TinyStories (short
+stories in simple English) to compare dense and sparse pretraining at a small scale. It goes on
+with such stories and is not for use beyond that research.
+
+| | |
+|---|---|
+| architecture | {architecture(c)}: {shape}, {ffn} |
+| parameters | {params['total']:,} total, {params['active']:,} active per token |
+| context | {c['block_size']} tokens |
+| tokenizer | {tokenizer} |
+| trained | {ckpt['tokens']:,} tokens in {ckpt['iter']:,} steps |
+| best val loss | {val_loss:.4f} at step {val_step:,} (cross-entropy per token, nats) |
+| config beyond tinymoe's defaults | {', '.join(changed) or 'none'} |
+
+## Use
+
+```python
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+path = {to!r}  # this folder, or the model's id on the hub
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path)
+# <|endoftext|> ends each story in training: after it, a story that begins like the prompt
+prompt = tok('Once upon a time', add_special_tokens=False).input_ids
+ids = model.generate(torch.tensor([[tok.eos_token_id] + prompt]), do_sample=True,
+                     max_new_tokens={c['block_size'] // 2}, temperature=0.8, top_k=200)
+print(tok.decode(ids[0], skip_special_tokens=True))
+```
+"""
 
 
 def export(out_dir, to, ckpt_name='best.pt'):
     path = os.path.join(out_dir, ckpt_name)
-    c, sd, meta = load_run(path)
+    ckpt = load_run(path)
+    c, sd, meta = ckpt['config'], ckpt['model'], ckpt['meta']
     if os.path.exists(to) and os.listdir(to):
         raise UserError(f'{to} exists and is not empty; choose another --to or remove it')
+    name = os.path.basename(os.path.normpath(out_dir))
+    card = model_card(name, ckpt, best_eval(out_dir, ckpt['iter']), to)
     tmp = to.rstrip('/') + '.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -166,14 +276,15 @@ def export(out_dir, to, ckpt_name='best.pt'):
             write_gpt2_tokenizer(tmp, c['block_size'])
         else:
             write_bytes_tokenizer(tmp, c['block_size'])
+        with open(os.path.join(tmp, 'README.md'), 'w') as f:
+            f.write(card)
         os.makedirs(os.path.dirname(os.path.abspath(to)), exist_ok=True)
         if os.path.exists(to):
             os.rmdir(to)  # empty, checked above
         os.replace(tmp, to)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    arch = 'MixtralForCausalLM' if c['ffn'] == 'moe' else 'LlamaForCausalLM'
-    print(f'{path} -> {to} ({arch}, {meta["tokenizer"]} tokenizer)')
+    print(f'{path} -> {to} ({architecture(c)}, {meta["tokenizer"]} tokenizer, README.md)')
 
 
 def main(argv=None):

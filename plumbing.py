@@ -1,10 +1,12 @@
 """
 What train.py needs to run but a reader of the method does not: the one error path for mistakes
 a user can fix, the device and its precision, atomic files, checkpoints (loading them safely,
-checking and restoring a resumed run) and the log file. Nothing here knows the model; train.py,
-sample.py, export_hf.py, bench.py and prepare.py import from it, as they import configurator.py.
+checking and restoring a resumed run), the run's files and log, its speed and MFU, and the stop on
+a loss that is not finite. Nothing here knows the model; train.py, sample.py, export_hf.py,
+bench.py and prepare.py import from it, as they import configurator.py.
 """
 import contextlib
+import datetime
 import importlib.util
 import json
 import os
@@ -12,6 +14,7 @@ import pickle
 import platform
 import secrets
 import sys
+import time
 import warnings
 
 import torch
@@ -124,6 +127,14 @@ def cpu_name():
     return f'{model} ({isa}), {threads} threads'
 
 
+def to_device(batch, device):
+    """A CPU tensor on the device: through pinned memory to a CUDA GPU, without waiting for the
+    copy; on the CPU it stays the same tensor."""
+    if device.type == 'cuda':
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
+
 # ----------------------------------------------------------------------------- files
 def save(path, obj):
     """torch.save (json for a .json path) to a temp file, fsync, rename: a kill or an error
@@ -221,7 +232,10 @@ def checkpoint_to_resume(c, defaults):
 
 
 def restore(ckpt, model, optimizer, scaler, device):
-    """Put a run back where checkpoint_state found it. -> (start iter, best val loss so far)."""
+    """Put a run back where checkpoint_state found it. -> (start iter, best val loss so far); for a
+    new run (ckpt None) nothing to put back: (0, inf)."""
+    if ckpt is None:
+        return 0, float('inf')
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])
     if ckpt.get('scaler'):  # an fp16 run's loss scale (older checkpoints have none)
@@ -230,6 +244,111 @@ def restore(ckpt, model, optimizer, scaler, device):
     if ckpt['rng']['cuda'] is not None and device.type == 'cuda':
         torch.cuda.set_rng_state(ckpt['rng']['cuda'], device)
     return ckpt['iter'], ckpt['best_val']
+
+
+# ----------------------------------------------------------------------------- training runs
+def start_run(c, params, iters, tokens_per_iter, flops_per_token, device, use_compile, world,
+              resumed_at):
+    """The master process at the start of a run: out_dir, its log, config.json (the config, the
+    run's figures from train.py and the machine that trains it) and the first console line.
+    resumed_at: the iter of the checkpoint resumed from, or None. -> the RunLog."""
+    os.makedirs(c.out_dir, exist_ok=True)
+    log = RunLog(c, resumed_at)
+    save(os.path.join(c.out_dir, 'config.json'), {
+        **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
+        'flops_per_token': flops_per_token, 'device_used': device.type,
+        'dtype_used': pick_dtype(c, device), 'compile_used': use_compile, 'world_size': world,
+        'cpu': cpu_name(), 'torch': torch.__version__})
+    print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world, resumed_at)
+    return log
+
+
+def start_processes(device):
+    """torchrun sets RANK and WORLD_SIZE; with more than one process, each joins the process group
+    through which DDP averages the gradients. -> (rank, world)."""
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    if world > 1:
+        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
+    return rank, world
+
+
+def finish_run(c, log, iters, tokens, best_val):
+    """The master process at the end of a run: the log closed, done.json (the finished-run marker:
+    make skips the run) and the last console line."""
+    log.close()
+    save(os.path.join(c.out_dir, 'done.json'),
+         {'iters': iters, 'tokens': tokens, 'best_val': best_val})
+    print(f'done: best val loss {best_val:.4f} ({c.out_dir})')
+
+
+def stop_if_not_finite(first_bad, iters, last_saved, out_dir, world):
+    """Stops the run before anything is saved from a broken model. first_bad: the first step
+    whose loss was not finite, or iters if none was, a tensor on the device (under DDP, the
+    earliest over the processes counts). last_saved: the iter of latest.pt, or None."""
+    if world > 1:
+        dist.all_reduce(first_bad, op=dist.ReduceOp.MIN)
+    if first_bad.item() >= iters:
+        return
+    have = 'none yet'
+    if last_saved is not None:
+        have = f'{os.path.join(out_dir, "latest.pt")} (iter {last_saved}), and best.pt'
+    raise UserError(f'the loss is not finite (nan or inf) at iter {first_bad.item() + 1}; '
+                    f'stopped before saving anything from it. Last good checkpoint: {have}. '
+                    'Try a lower learning_rate')
+
+
+class Meter:
+    """What a run's training lines report, measured between two lines: the losses of every
+    micro-batch, summed on the device (no host sync in a step), and the first step whose loss was
+    not finite; the speed in tokens per second, evaluation and saving left out, the model FLOP
+    utilisation per GPU where the GPU's peak is known (PEAK_FLOPS), and the time left."""
+
+    def __init__(self, device, start, iters, tokens_per_iter, flops_per_token, world):
+        self.iters, self.world = iters, world
+        self.tokens_per_iter, self.flops_per_token = tokens_per_iter, flops_per_token
+        self.peak = peak_flops(device)  # None: no MFU
+        self.sums, self.n = 0, 0  # the losses summed over the micro-batches since the last line
+        self.first_bad = torch.tensor(iters, device=device)  # iters: none yet
+        self.start = self.last = start  # the iter the run, and the line, started from
+        self.t_start = self.t_last = time.time()
+
+    def so_far(self, it):
+        """How far the run is after `it` steps, as every log line begins: steps, tokens, FLOPs."""
+        tokens = it * self.tokens_per_iter
+        return {'iter': it, 'tokens': tokens, 'flops': tokens * self.flops_per_token}
+
+    def add(self, it, loss, terms):
+        """One micro-batch of step `it`: its training loss, and the losses a line logs (terms)."""
+        self.sums, self.n = self.sums + terms, self.n + 1
+        this_step = torch.where(loss.isfinite(), self.iters, it)  # iters where finite, else it
+        self.first_bad = torch.minimum(self.first_bad, this_step)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """What runs inside (evaluation, saving) is not training: tokens per second leave it out."""
+        t = time.time()
+        yield
+        self.t_last += time.time() - t
+
+    def line(self, done, names, last_saved, out_dir):
+        """The training line after `done` steps: so_far, the mean of each loss (named by names)
+        since the last line, over all processes, tok_per_s and mfu. First stops the run if a loss
+        was not finite (last_saved, out_dir: for the message). The next line counts from here."""
+        stop_if_not_finite(self.first_bad, self.iters, last_saved, out_dir, self.world)
+        means = mean_over_processes(self.sums / self.n, self.world)
+        now = time.time()
+        tok_per_s = (done - self.last) * self.tokens_per_iter / (now - self.t_last)
+        record = {**self.so_far(done), **dict(zip(names, means.tolist())), 'tok_per_s': tok_per_s}
+        if self.peak:
+            record['mfu'] = tok_per_s / self.world * self.flops_per_token / self.peak
+        self.sums, self.n = 0, 0
+        self.last, self.t_last = done, now
+        return record
+
+    def time_left(self, done):
+        """At the mean pace since the run (re)started, evaluations included."""
+        seconds = (time.time() - self.t_start) / (done - self.start) * (self.iters - done)
+        return datetime.timedelta(seconds=round(seconds))
 
 
 # ----------------------------------------------------------------------------- the console and DDP
@@ -346,6 +465,9 @@ def wandb_record(r, kind):
 
 
 def mean_over_processes(t, world):
-    """DDP: each process logs what it saw; the log shows the mean over all of them."""
+    """DDP: each process logs what it saw; the log shows the mean over all of them. One process:
+    t as it is."""
+    if world == 1:
+        return t
     dist.all_reduce(t)
     return t / world

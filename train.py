@@ -9,11 +9,9 @@ tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
 Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The paper's
 three configs differ only in the FFN. Errors, device, files and checkpoints: plumbing.py.
 """
-import datetime
 import math
 import os
 import sys
-import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -51,7 +49,7 @@ ffn = 'moe'               # 'dense' (SwiGLU) | 'moe' (routed SwiGLU experts)
 ffn_hidden = 0            # dense hidden width; with match set it is solved for
 ffn_multiple_of = 32      # solved dense widths are multiples of this (GPU-friendly shapes)
 n_experts = 4
-top_k = 2                 # experts per token; their gate weights are renormalised to sum to 1
+top_k = 2                 # experts per token; their routing weights are renormalised to sum to 1
 moe_hidden = 1632         # hidden width of each expert
 aux_loss_coef = 0.01      # Switch load-balancing loss weight (0 turns it off)
 z_loss_coef = 0.001       # router z-loss weight (0 turns it off)
@@ -65,7 +63,7 @@ match = ''                # dense only: 'active' | 'total' = size ffn_hidden to 
 match_tol = 0.01          # largest allowed relative param mismatch of a matched dense model
 # optimisation: 426.3M tokens in 6,505 steps of 64Ki (routers need many steps, not big batches)
 batch_size = 128          # sequences per micro-batch
-grad_accum = 1            # micro-batches per optimizer step
+grad_accum = 1            # micro-batches per step, all processes together (nanoGPT: per process)
 max_tokens = 426_300_000  # token budget; iterations = max_tokens / tokens per step, rounded up
 max_iters = 0             # if > 0, overrides max_tokens
 learning_rate = 2e-3
@@ -101,10 +99,6 @@ def configure(argv):
     if c.ffn == 'dense' and c.match:
         c.ffn_hidden = solve_ffn_hidden(c)
     return c
-
-
-# The expert loop needs the tokens per expert as ints; compiled, they stay symbolic: one graph
-torch._dynamo.config.capture_scalar_outputs = True
 
 
 # ----------------------------------------------------------------------------- model
@@ -145,8 +139,9 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """The dense FFN: down(silu(gate(x)) * up(x)), as in LLaMA. Returns (y, None): no aux, where the
-    MoE returns (y, aux)."""
+    """The dense FFN: down(silu(gate(x)) * up(x)), as in LLaMA (gate_proj, up_proj, down_proj), and
+    each MoE expert's. `gate` is only ever this projection: what the router gives an expert is its
+    routing weight. Returns (y, None): no aux, where the MoE returns (y, aux)."""
 
     def __init__(self, d_model, hidden, resid_std):
         super().__init__()
@@ -172,10 +167,20 @@ def unpack_routing(rows):
 def group_by_expert(experts, n_experts):
     """The routing's assignments (one per token and chosen expert) grouped by expert, keeping their
     order within an expert. experts: each assignment's expert. -> order: the assignment in each
-    grouped slot; slot: each assignment's slot (order's inverse); counts: assignments per expert.
+    grouped slot; slot: each assignment's slot; counts: assignments per expert. order and slot are
+    inverse permutations: order[slot[a]] = a.
 
     The same as order = experts.argsort(stable=True) and counts = experts.bincount(n_experts), but
-    written as a running count, which torch.compile keeps in one graph."""
+    written as a running count, which torch.compile keeps in one graph. Three tokens, top-2, three
+    experts: six assignments, experts = [2, 0, 2, 1, 2, 0] (the first choices, then the second):
+
+        is_expert  0 1 0 0 0 1    running  0 1 1 1 1 2    one count: along expert 0's row,
+                   0 0 0 1 0 0             2 2 2 3 3 3    then on along expert 1's, and so on
+                   1 0 1 0 1 0             4 4 5 5 6 6
+        slot     = 3 0 4 2 5 1    running at (each assignment's expert, the assignment), minus 1
+        order    = 1 5 3 0 2 4    slot inverted: the assignments slot by slot
+        counts   = 2 1 3          running's last column (2, 3, 6), each less the one before
+    """
     E = n_experts
     is_expert = experts == torch.arange(E, device=experts.device)[:, None]  # (E, assignments)
     # running[e, a]: the assignments to experts before e, plus those to e up to and including a
@@ -189,8 +194,11 @@ def group_by_expert(experts, n_experts):
 
 class GatherRows(torch.autograd.Function):
     """gather_rows(x, rows, inverse) = x[rows], where rows = perm % len(x) for a permutation perm of
-    copies * len(x) rows and inverse is perm's inverse. The dispatch uses it twice: to copy each
-    token's row to its k experts (copies = k) and to put the experts' rows back (copies = 1).
+    copies * len(x) positions, and inverse is perm's inverse permutation (perm[inverse[i]] = i):
+    each row of x comes out `copies` times. The dispatch uses it twice, with group_by_expert's
+    order and slot, which are inverse permutations: to copy each token's row to its k experts
+    (perm = order, inverse = slot, copies = k), and to put the experts' rows back (perm = slot,
+    inverse = order, copies = 1).
 
     Why not plain x[rows]: its backward scatter-adds each row's gradient into place, which compiled
     CPU code does with atomic adds, slowly. Knowing the inverse, the backward can be a gather
@@ -205,7 +213,7 @@ class GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         inverse, = ctx.saved_tensors
-        grad = grad.index_select(0, inverse)
+        grad = grad.index_select(0, inverse)  # row i: the gradient of the row perm put at i
         if grad.shape[0] > ctx.n_rows:  # copies > 1: copy c of row t is row c * n_rows + t
             grad = grad.view(-1, ctx.n_rows, grad.shape[-1]).sum(dim=0)
         return grad, None, None
@@ -225,14 +233,15 @@ class MoE(nn.Module):
     Returns (y, aux): aux holds this layer's load-balancing loss, z-loss and routing row.
 
     An assignment is one (token, expert) pair; a layer has k * N of them for N tokens, numbered
-    choice-major: assignment a sends token a % N to its (a // N)-th choice."""
+    choice-major: assignment a sends token a % N to its (a // N)-th choice. Assignments 0 to N - 1
+    are the tokens' first choices, N to 2N - 1 their second ones, and so on."""
 
     def __init__(self, c, resid_std):
         super().__init__()
         self.n_experts, self.top_k, self.bias_rate = c.n_experts, c.top_k, c.bias_rate
         E, d, h = c.n_experts, c.d_model, c.moe_hidden
         self.router = linear(d, E, c.router_init_std)
-        # the experts' weights, stacked: expert e's SwiGLU is gate[e], up[e], down[e]
+        # the experts' SwiGLU projections, stacked: expert e's are gate[e], up[e], down[e]
         self.gate = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.up = nn.Parameter(torch.randn(E, d, h) * 0.02)
         self.down = nn.Parameter(torch.randn(E, h, d) * resid_std)
@@ -241,57 +250,82 @@ class MoE(nn.Module):
         self.register_buffer('bias', torch.zeros(E) if c.bias_rate else None)
 
     def forward(self, x):
-        shape, x = x.shape, x.reshape(-1, x.shape[-1])  # the tokens as rows: (N, d)
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # the tokens as rows: (N, d)
         N, E, k = x.shape[0], self.n_experts, self.top_k
         probs, log_z, weights, experts = self.route(x)
         y, counts = self.dispatch(x, weights, experts)
-        if self.shared is not None:  # every token also goes through the shared expert, ungated
+        if self.shared is not None:  # every token also goes through the shared expert, weight 1
             shared_y, _ = self.shared(x)
             y = y + shared_y
         load = counts.float() / (N * k)  # f_i: the share of the assignments that go to expert i
-        # Switch load balancing, E * sum_i f_i * P_i (P_i: the mean router probability of expert i):
-        # 1 when balanced; E when one expert gets every token (at top-1)
+        # Switch load balancing, E * sum_i f_i * P_i (P_i: the mean router probability of expert i,
+        # over the tokens): 1 when balanced; E when one expert gets every token (at top-1). f_i is
+        # counted, with no gradient: only P_i trains the router through this loss
         lb = E * (load * probs.mean(dim=1)).sum()
+        z = log_z.square().mean()  # the z-loss keeps the router's logits small
         with torch.no_grad():  # routing health, for the logs
             # how sure the router is: each token's entropy over the experts, averaged; <= ln(E)
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()
             routing = routing_row(load, entropy, log_z.mean())
-        return y.view(shape), {'lb': lb, 'z': log_z.square().mean(), 'routing': routing}
+        return y.view(shape), {'lb': lb, 'z': z, 'routing': routing}
 
     def route(self, x):
-        """x (N, d) -> probs (E, N), log_z (N,), and per assignment its gate weight and expert."""
+        """Each token's top_k experts and their routing weights. For N tokens, E experts, k top_k:
+
+            x        (N, d)    the tokens
+            probs    (E, N)    each token's softmax over the experts
+            log_z    (N,)      the log of each token's softmax denominator, for the z-loss
+            weights  (k * N,)  each assignment's routing weight, choice-major (a = choice * N + t)
+            experts  (k * N,)  each assignment's expert, choice-major
+
+        Experts first, (E, N), where Mixtral's code in transformers has (N, E): reductions over
+        the experts then run along rows (10x faster on a CPU), and each `dim` below is the other
+        one of theirs: dim 0 is the experts, dim 1 the tokens."""
         k = self.top_k
-        # fp32 even under autocast. Experts first, (E, N): reductions over the experts then run
-        # along rows (10x faster on a CPU)
+        # the router in fp32 even under autocast, as Switch Transformer's "selective precision"
         with torch.autocast(x.device.type, enabled=False):
-            logits = self.router.weight.float() @ x.float().t()
-        log_z = logits.logsumexp(dim=0)  # (N,), for the z-loss
+            logits = self.router.weight.float() @ x.float().t()  # (E, N)
+        log_z = logits.logsumexp(dim=0)
         probs = (logits - log_z).exp()  # the softmax over experts
         scores = probs
         if self.bias is not None:  # the bias picks the experts but never weighs them
             scores = probs + self.bias[:, None]
-        experts = scores.topk(k, dim=0).indices  # (k, N): each token's k experts
-        weights = probs.gather(0, experts)  # and their gate weights
+        experts = scores.topk(k, dim=0).indices  # (k, N): row c holds each token's c-th choice
+        weights = probs.gather(0, experts)  # (k, N): their routing weights
         # Mixtral renormalises. At top-1 that would make every weight 1 and leave the router no
         # gradient from the loss, so top-1 keeps the probability (Switch)
         if k > 1:
             weights = weights / weights.sum(dim=0)
+        # flattened row after row, the (k, N) tables become choice-major: a = c * N + t
         return probs, log_z, weights.flatten(), experts.flatten()
 
     def dispatch(self, x, weights, experts):
         """Dropless dispatch: each expert runs once, on the rows routed to it, grouped together.
-        -> (y: each token's k expert outputs, gate-weighted and summed; counts: rows per expert).
-        tests/test_model.py holds the same computation as a plain loop over the experts."""
+        weights, experts: per assignment, choice-major (assignment a is token a % N's
+        (a // N)-th choice). -> (y: each token's k expert outputs, weighted and summed; counts:
+        rows per expert). tests/test_model.py holds the same computation as a plain loop over the
+        experts; grouped, each expert is one matrix multiply on one block of rows."""
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
-        # each token's row once per expert it goes to, grouped by expert (perm = order, k copies)
-        xs = gather_rows(x, order % N, slot)
+        # slot s gets token order[s] % N's row: each token's row once per chosen expert, by expert
+        xs = gather_rows(x, rows=order % N, inverse=slot)
         ys = self.run_experts(xs, counts)
-        # back to assignment order, row a = assignment a (perm = slot, 1 copy); then each token's
-        # k rows weighted
-        ys = gather_rows(ys, slot, order).view(k, N, -1)
-        y = (ys.float() * weights.view(k, N, 1)).sum(dim=0)  # combined in fp32, also under autocast
+        # back to assignment order, row a = assignment a's output: the same permutations swapped
+        ys = gather_rows(ys, rows=slot, inverse=order)
+        # choice-major, token t's k outputs are rows t, N + t, ...: viewed as (k, N, d) they line
+        # up along dim 0, weighted and summed there (in fp32, also under autocast)
+        ys = ys.view(k, N, -1)
+        y = (ys.float() * weights.view(k, N, 1)).sum(dim=0)
         return y.to(x.dtype), counts
+
+    @torch.no_grad()
+    def update_bias(self, routing):
+        """Aux-loss-free balancing (DeepSeek-V3), after an optimizer step: each expert's selection
+        bias moves by bias_rate towards equal load (down if it got more than 1/E of the
+        assignments, up if less). routing: this layer's routing row of the last micro-batch."""
+        load, _, _ = unpack_routing(routing)
+        self.bias += self.bias_rate * (1 / self.n_experts - load).sign()
 
     def run_experts(self, xs, counts):
         """Each expert's SwiGLU on its rows of xs, grouped by expert (counts[e] rows for e)."""
@@ -310,13 +344,10 @@ class MoE(nn.Module):
         return torch.cat([(F.silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
                           for e, xe in enumerate(rows)])
 
-    @torch.no_grad()
-    def update_bias(self, routing):
-        """Aux-loss-free balancing (DeepSeek-V3), after an optimizer step: each expert's selection
-        bias moves by bias_rate towards equal load (down if it got more than 1/E of the
-        assignments, up if less). routing: this layer's routing row of the last micro-batch."""
-        load, _, _ = unpack_routing(routing)
-        self.bias += self.bias_rate * (1 / self.n_experts - load).sign()
+
+# run_experts' loop needs the rows per expert as Python ints (counts.tolist()). This lets
+# torch.compile keep them as symbols instead of breaking the graph there: one graph per step
+torch._dynamo.config.capture_scalar_outputs = True
 
 
 class Block(nn.Module):
@@ -425,7 +456,11 @@ def solve_ffn_hidden(c):
     or total ones (c.match)."""
     target = count_params(c, ffn='moe')[c.match]
     dense = count_params(c, ffn='dense')
-    rest = dense['total'] - dense['ffn']  # the same in both; the dense width makes up the routers
+    # rest: the embedding, attention and norms, the same in the dense model and the MoE. The width
+    # is solved for the MoE's experts and routers together, but the routers are far smaller than a
+    # step of ffn_multiple_of and round away: the matched widths come out at exactly 2x and 4x
+    # moe_hidden, the routers' params short of the target (--print_params shows both)
+    rest = dense['total'] - dense['ffn']
     per_unit = 3 * c.d_model * c.n_layer  # gate, up and down grow by d_model each, in every layer
     m = c.ffn_multiple_of
     hidden = max(m, round((target - rest) / per_unit / m) * m)
@@ -474,11 +509,7 @@ def get_batch(c, step, device):
     rng = np.random.default_rng([c.data_seed or c.seed, step])
     starts = rng.integers(0, len(data) - c.block_size, size=c.batch_size * c.grad_accum)
     windows = np.stack([data[s:s + c.block_size + 1] for s in starts]).astype(np.int64)
-    windows = torch.from_numpy(windows)
-    if device.type == 'cuda':
-        windows = windows.pin_memory().to(device, non_blocking=True)
-    else:
-        windows = windows.to(device)  # the CPU (this is the same tensor) or MPS
+    windows = plumbing.to_device(torch.from_numpy(windows), device)
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -490,9 +521,8 @@ def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
     model.eval()
     sum_dtype = torch.float32 if device.type == 'mps' else torch.float64  # MPS has no fp64
     total = torch.zeros((), dtype=sum_dtype, device=device)
-    # one routing row per layer, shaped in full: a process may get no batch and must still reduce
-    zero = torch.zeros((), device=device)
-    routing = torch.stack([routing_row(zero.new_zeros(c.n_experts), zero, zero)] * c.n_layer)
+    # a routing row per layer (routing_row's), in full: a process with no batch still all-reduces
+    routing = torch.zeros(c.n_layer, c.n_experts + 2, device=device)
     for batch in val_windows.split(c.batch_size)[rank::world]:
         batch = batch.to(device)
         with autocast:
@@ -514,7 +544,8 @@ def param_groups(model, c):
     """AdamW's groups: matrices decayed, norm gains not; the routers with their own learning rate
     and decay."""
     routers = [p for name, p in model.named_parameters() if name.endswith('router.weight')]
-    rest = [p for p in model.parameters() if all(p is not r for r in routers)]
+    router_ids = {id(p) for p in routers}  # by identity: `p in routers` would compare values
+    rest = [p for p in model.parameters() if id(p) not in router_ids]
     router_decay = c.weight_decay if c.router_decay else 0.0
     return [{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': c.weight_decay,
              'lr_mult': 1.0},
@@ -538,10 +569,21 @@ def lr_at(it, c, iters):
 
 def loss_terms(loss, ce, aux):
     """The losses a training line logs, as one tensor: (loss, ce), and (lb, z) for an MoE."""
-    terms = [loss, ce]
-    if aux:
-        terms += [aux['lb'], aux['z']]
+    terms = [loss, ce, aux['lb'], aux['z']] if aux else [loss, ce]
     return torch.stack(terms).detach()
+
+
+def build(c, device, use_compile, ddp):
+    """-> (model, optimizer, step_model, train_model): the model, the same in every process (one
+    seed); AdamW; the model evaluation calls, compiled if use_compile; for training, DDP's wrap."""
+    torch.manual_seed(c.seed)
+    model = Transformer(c).to(device)
+    assert count_params(c)['total'] == sum(p.numel() for p in model.parameters()), 'miscounted'
+    optimizer = torch.optim.AdamW(param_groups(model, c), lr=c.learning_rate,
+                                  betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
+    step_model = torch.compile(model) if use_compile else model
+    train_model = DistributedDataParallel(step_model) if ddp else step_model
+    return model, optimizer, step_model, train_model
 
 
 def main(argv):
@@ -550,70 +592,45 @@ def main(argv):
         print_param_table(c)
         return
     meta, val_windows = load_data(c)
-    # torchrun sets RANK and WORLD_SIZE: one process per GPU (or CPU process), gradients averaged
-    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    ddp, master = world > 1, rank == 0
     ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
-
     device, use_compile, autocast, scaler = plumbing.setup_device(c)
-    if ddp:
-        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
-    torch.manual_seed(c.seed)
-    model = Transformer(c).to(device)
-    params = count_params(c)
-    assert params['total'] == sum(p.numel() for p in model.parameters()), 'param count is off'
-    optimizer = torch.optim.AdamW(param_groups(model, c), lr=c.learning_rate,
-                                  betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
-    step_model = torch.compile(model) if use_compile else model
-    train_model = DistributedDataParallel(step_model) if ddp else step_model
+    rank, world = plumbing.start_processes(device)  # torchrun: a process per GPU, under DDP
+    ddp, master = world > 1, rank == 0
+    model, optimizer, step_model, train_model = build(c, device, use_compile, ddp)
 
-    tokens_per_iter = c.batch_size * c.grad_accum * c.block_size  # global: over all processes
-    flops_per_iter = tokens_per_iter * flops_per_token(c)  # for the logs' cumulative training FLOPs
-    peak_flops = plumbing.peak_flops(device)  # None where not known (the CPU): no MFU
-    iters = c.max_iters or -(-c.max_tokens // tokens_per_iter)  # enough steps for max_tokens
-    start, best_val = 0, float('inf')
-    if ckpt:
-        start, best_val = plumbing.restore(ckpt, model, optimizer, scaler, device)
-    if master:
-        os.makedirs(c.out_dir, exist_ok=True)
-        log = plumbing.RunLog(c, start if ckpt else None)
-        plumbing.save(os.path.join(c.out_dir, 'config.json'), {
-            **vars(c), 'params': params, 'iters': iters, 'tokens_per_iter': tokens_per_iter,
-            'flops_per_token': flops_per_token(c), 'device_used': device.type,
-            'dtype_used': plumbing.pick_dtype(c, device),
-            'compile_used': use_compile, 'world_size': world, 'cpu': plumbing.cpu_name(),
-            'torch': torch.__version__})
-        plumbing.print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world,
-                                  start if ckpt else None)
-
-    def checkpoint(name, it):
-        state = plumbing.checkpoint_state(model, optimizer, scaler, c, meta, it,
-                                          it * tokens_per_iter, best_val, device)
-        plumbing.save(os.path.join(c.out_dir, name), state)
-
+    # a step: grad_accum micro-batches of batch_size windows, counted over all processes together
+    tokens_per_iter = c.batch_size * c.grad_accum * c.block_size
+    iters = c.max_iters or math.ceil(c.max_tokens / tokens_per_iter)  # enough steps for max_tokens
+    start, best_val = plumbing.restore(ckpt, model, optimizer, scaler, device)  # new run: 0, inf
     last_saved = start if ckpt else None  # the iter of latest.pt
-    sums, n_sums = 0, 0  # running loss_terms since the last log line, summed on the device
-    # the first step with a non-finite loss (iters: none yet), kept on the device: no host sync
-    first_bad = torch.tensor(iters, device=device)
-    t_start = t_last = time.time()
-    tokens_last = start * tokens_per_iter
-    my_micro = range(rank, c.grad_accum, world)  # this process's share of each step's micro-batches
-    for it in range(start, iters + 1):
-        # evaluation and best.pt: on the fixed validation set, each process its share of it
-        if it % c.eval_interval == 0 or it == iters:
-            t_eval = time.time()
+    if master:  # out_dir, log.jsonl, config.json and the run's first console line
+        log = plumbing.start_run(c, count_params(c), iters, tokens_per_iter, flops_per_token(c),
+                                 device, use_compile, world, resumed_at=last_saved)
+    meter = plumbing.Meter(device, start, iters, tokens_per_iter, flops_per_token(c), world)
+
+    def save_checkpoint(name, it, best_val):
+        """best.pt or latest.pt: all a run at step `it` needs to go on as if never stopped."""
+        with meter.paused():  # saving is not training: left out of tokens per second
+            state = plumbing.checkpoint_state(model, optimizer, scaler, c, meta, it,
+                                              it * tokens_per_iter, best_val, device)
+            plumbing.save(os.path.join(c.out_dir, name), state)
+
+    def evaluate_and_keep_best(it, best_val):
+        """The eval line at step `it`, and best.pt if the val loss improved. -> the best so far."""
+        with meter.paused():  # evaluation is not training either
             val_loss, routing = evaluate(step_model, val_windows, c, device, autocast, rank, world)
-            improved = val_loss < best_val
-            best_val = min(best_val, val_loss)
-            if master:
-                record = {'iter': it, 'tokens': it * tokens_per_iter, 'flops': it * flops_per_iter,
-                          'val_loss': val_loss, 'best_val': best_val, **routing}
-                log.eval(record, iters)
-                if improved:
-                    checkpoint('best.pt', it)
-            t_last += time.time() - t_eval  # throughput excludes evaluation
-        if it == iters:
-            break
+        if master:
+            log.eval({**meter.so_far(it), 'val_loss': val_loss,
+                      'best_val': min(best_val, val_loss), **routing}, iters)
+            if val_loss < best_val:
+                save_checkpoint('best.pt', it, val_loss)
+        return min(best_val, val_loss)
+
+    my_micro = range(rank, c.grad_accum, world)  # this process's share of each step's micro-batches
+    for it in range(start, iters):
+        # evaluation and best.pt, on the fixed validation set (and once more after the last step)
+        if it % c.eval_interval == 0:
+            best_val = evaluate_and_keep_best(it, best_val)
 
         # learning rate: warmup and cosine decay, times each group's multiple (the routers')
         lr = lr_at(it, c, iters)
@@ -632,9 +649,9 @@ def main(argv):
                     _, ce, aux = train_model(x[rows], y[rows])
                     loss = training_loss(ce, aux, c)
                 scaler.scale(loss / len(my_micro)).backward()  # scaled in fp16 only
-            sums = sums + loss_terms(loss, ce, aux)
-            n_sums += 1
-            first_bad = torch.where(loss.isfinite(), first_bad, first_bad.clamp(max=it))
+            meter.add(it, loss, loss_terms(loss, ce, aux))
+        # the last micro-batch's routing rows, one per MoE layer: for bias balancing and the log
+        routing = aux['routing'] if aux else None
 
         # step: clip the gradient norm, AdamW (fp16: unscaled first, skipped on inf)
         scaler.unscale_(optimizer)
@@ -644,60 +661,33 @@ def main(argv):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-        # bias balancing, from the last micro-batch's routing. Under DDP each process moves its
-        # own bias, and DDP copies rank 0's buffers to the others at each forward
+        # bias balancing. Under DDP each process moves its own bias, and DDP copies rank 0's
+        # buffers to the others at each forward
         if c.bias_rate:
-            for block, routing_of_layer in zip(model.blocks, aux['routing']):
-                block.ffn.update_bias(routing_of_layer)
+            for block, layer_routing in zip(model.blocks, routing):
+                block.ffn.update_bias(layer_routing)
 
-        # log: every log_interval steps, the mean losses since the last line and the routing of
-        # the last micro-batch; and latest.pt every ckpt_interval steps
+        # log every log_interval steps: the mean losses since the last line, the last routing
+        # (both averaged over the processes), the speed; latest.pt every ckpt_interval steps
         done = it + 1  # steps done; `iter` means the same in training and eval lines
-        if done % c.log_interval != 0 and done != iters:
-            continue
-        if ddp:
-            dist.all_reduce(first_bad, op=dist.ReduceOp.MIN)
-        if first_bad.item() < iters:  # stop before anything is saved from a broken model
-            have = 'none yet'
-            if last_saved is not None:
-                latest_path = os.path.join(c.out_dir, 'latest.pt')
-                have = f'{latest_path} (iter {last_saved}), and best.pt'
-            raise UserError(f'the loss is not finite (nan or inf) at iter {first_bad.item() + 1}; '
-                            'stopped before saving anything from it. Last good checkpoint: '
-                            f'{have}. Try a lower learning_rate')
-        means = sums / n_sums
-        routing_rows = aux['routing'] if aux else None
-        if ddp:
-            means = plumbing.mean_over_processes(means, world)
-            if aux:
-                routing_rows = plumbing.mean_over_processes(routing_rows, world)
-        now, tokens = time.time(), done * tokens_per_iter
-        record = {'iter': done, 'tokens': tokens, 'flops': done * flops_per_iter,
-                  **dict(zip(('loss', 'ce', 'lb', 'z'), means.tolist())), 'lr': lr,
-                  'tok_per_s': (tokens - tokens_last) / (now - t_last)}
-        if aux:
-            record.update(routing_stats(routing_rows))
-        if peak_flops:  # model FLOP utilisation, per GPU
-            record['mfu'] = record['tok_per_s'] / world * flops_per_token(c) / peak_flops
-        if master:
-            eta = round((now - t_start) / (done - start) * (iters - done))  # seconds left
-            log.train(record, iters, datetime.timedelta(seconds=eta))
-            if done % c.ckpt_interval == 0 or done == iters:
-                checkpoint('latest.pt', done)
-                last_saved = done
-        sums, n_sums = 0, 0
-        t_last, tokens_last = time.time(), tokens
+        if done % c.log_interval == 0 or done == iters:
+            # stops the run here if a loss was not finite, before anything is saved from it
+            record = meter.line(done, ('loss', 'ce', 'lb', 'z'), last_saved, c.out_dir)
+            record['lr'] = lr
+            if routing is not None:
+                record.update(routing_stats(plumbing.mean_over_processes(routing, world)))
+            if master:
+                log.train(record, iters, meter.time_left(done))
+                if done % c.ckpt_interval == 0 or done == iters:
+                    save_checkpoint('latest.pt', done, best_val)
+                    last_saved = done
+    best_val = evaluate_and_keep_best(iters, best_val)  # the trained model's
 
-    # free DDP's reducer first: a gloo group destroyed from it can hang at exit (pytorch#56297)
-    if ddp:
+    if ddp:  # DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)
         del train_model
         dist.destroy_process_group()
     if master:
-        log.close()
-        # the finished-run marker (make skips the run)
-        plumbing.save(os.path.join(c.out_dir, 'done.json'),
-                      {'iters': iters, 'tokens': iters * tokens_per_iter, 'best_val': best_val})
-        print(f'done: best val loss {best_val:.4f} ({c.out_dir})')
+        plumbing.finish_run(c, log, iters, iters * tokens_per_iter, best_val)
 
 
 if __name__ == '__main__':

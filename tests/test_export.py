@@ -1,20 +1,23 @@
 """export_hf.py: tiny random dense and MoE runs exported and loaded by transformers give our logits
-and our greedy generations, and the exported tokenizers encode and decode like ours. transformers is
-a test-only dependency (installed by make test)."""
+and our greedy generations, the exported tokenizers encode and decode like ours, and the model card
+gives a real run's own figures. transformers is a test-only dependency (installed by make test)."""
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import export_hf
 import plumbing
 import prepare
 import sample
 import train
-from conftest import REPO, config
+from conftest import REPO, TINY, config
 
 transformers = pytest.importorskip('transformers')
 
@@ -22,7 +25,7 @@ transformers = pytest.importorskip('transformers')
 def fake_run(tmp_path, **overrides):
     """A run folder holding a best.pt of a tiny model whose every weight is random and large
     (std 0.5; norm gains in 0.5-1.5), not at init scale: then a mix-up of any two weights moves the
-    logits far beyond the tolerance."""
+    logits far beyond the tolerance. Its log.jsonl has the one evaluation that made it best.pt."""
     torch.manual_seed(0)
     c = config(block_size=32, n_layer=2, **overrides)
     model = train.Transformer(c)
@@ -32,9 +35,16 @@ def fake_run(tmp_path, **overrides):
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
     plumbing.save(str(run_dir / 'best.pt'),
-               {'model': model.state_dict(), 'config': vars(c),
+               {'model': model.state_dict(), 'config': vars(c), 'iter': 10, 'tokens': 2560,
                 'meta': {'tokenizer': 'bytes', 'vocab_size': 257, 'eot_id': 256}})
+    (run_dir / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 5.0}) + '\n')
     return model.eval(), run_dir
+
+
+def card_rows(folder):
+    """The model card's table as {row name: text}."""
+    card = (folder / 'README.md').read_text()
+    return dict(re.findall(r'^\| (.+?) \| (.+) \|$', card, re.MULTILINE))
 
 
 def max_logit_difference(model, folder):
@@ -56,6 +66,11 @@ def test_exported_model_and_tokenizer_give_our_logits_and_greedy_stories(tmp_pat
     diff, hf = max_logit_difference(model, tmp_path / 'hf')
     print(f'{arch}: max logit difference {diff:.1e} of the largest logit')
     assert type(hf).__name__ == arch and diff <= 1e-5
+    # the card names the class and counts the weights the folder holds (a tied lm_head once)
+    rows = card_rows(tmp_path / 'hf')
+    total = sum(t.numel() for t in load_file(tmp_path / 'hf' / 'model.safetensors').values())
+    assert rows['architecture'].startswith(arch + ': 2 layers, d_model 16, 2 heads, ')
+    assert rows['parameters'].startswith(f'{total:,} total, ')
     # the negative control: gate (w1) and up (w3) swapped in the export must fail the same
     # check, by far
     real = export_hf.hf_state_dict
@@ -109,6 +124,57 @@ def test_top1_moe_variants_and_a_used_folder_are_refused(tmp_path):
     out = export(tmp_path, tmp_path / 'hf')
     assert (out.returncode != 0 and 'no checkpoint' in out.stderr
             and out.stderr.count('\n') == 1)
+    # a checkpoint without the log of its run: no model card, so no export
+    (top2 / 'log.jsonl').unlink()
+    out = export(top2, tmp_path / 'hf')
+    assert (out.returncode != 0 and out.stderr.count('\n') == 1
+            and 'the model card needs the log' in out.stderr and not (tmp_path / 'hf').exists())
+
+
+def test_the_model_card_gives_the_runs_own_figures(prepared, tmp_path):
+    """A real tiny MoE run, exported: README.md's metadata block reads as the hub reads it, and
+    every figure in its table equals the run's own, from its other files: the params config.json
+    counted (the total also as model.safetensors holds it), the tokens and step of best.pt, the
+    best val loss of log.jsonl and its step, the config keys set away from the defaults. Its code
+    loads the folder and generates."""
+    huggingface_hub = pytest.importorskip('huggingface_hub')  # installed with transformers
+    run_dir = tmp_path / 'cpu_moe-s1'
+    train.main(['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=30',
+                '--eval_interval=10', f'--out_dir={run_dir}'])
+    export_hf.export(str(run_dir), str(tmp_path / 'hf'))
+    metadata = huggingface_hub.metadata_load(tmp_path / 'hf' / 'README.md')
+    assert (metadata['library_name'] == 'transformers' and metadata['language'] == ['en']
+            and metadata['pipeline_tag'] == 'text-generation'
+            and metadata['datasets'] == ['roneneldan/TinyStories']
+            and {'mixtral', 'mixture-of-experts', 'tinystories'} <= set(metadata['tags']))
+    rows = card_rows(tmp_path / 'hf')
+    saved = json.load(open(run_dir / 'config.json'))
+    total = sum(t.numel() for t in load_file(tmp_path / 'hf' / 'model.safetensors').values())
+    assert total == saved['params']['total'] < 2 * saved['params']['active']
+    assert rows['parameters'] == f'{total:,} total, {saved["params"]["active"]:,} active per token'
+    ckpt = plumbing.load_checkpoint(str(run_dir / 'best.pt'))
+    evals = [json.loads(line) for line in open(run_dir / 'log.jsonl') if 'val_loss' in line]
+    best = min(evals, key=lambda r: r['val_loss'])
+    assert len(evals) == 4 and best['iter'] == ckpt['iter'] and best['tokens'] == ckpt['tokens']
+    assert rows['trained'] == f'{best["tokens"]:,} tokens in {best["iter"]} steps'
+    assert rows['best val loss'] == (f'{best["val_loss"]:.4f} at step {best["iter"]} '
+                                     '(cross-entropy per token, nats)')
+    assert rows['context'] == '32 tokens' and rows['tokenizer'].endswith('256 is <|endoftext|>')
+    assert rows['architecture'] == ('MixtralForCausalLM: 2 layers, d_model 32, 2 heads, '
+                                    '4 SwiGLU experts of width 32, top-2')
+    overrides = {f'`{k}={v!r}`' for k, v in saved.items()
+                 if k in train.DEFAULTS and v != train.DEFAULTS[k]}
+    listed = set(rows["config beyond tinymoe's defaults"].split(', '))
+    assert {'`d_model=32`', '`max_iters=30`', '`learning_rate=0.01`'} <= listed
+    assert listed == overrides - {f'`out_dir={str(run_dir)!r}`', "`config_name='cpu_moe'`",
+                                  f'`data_dir={str(prepared / "data")!r}`'}
+    # the card's code, as a reader would paste it: EOT, the prompt's bytes, then the story
+    code = re.search(r'```python\n(.*?)```', (tmp_path / 'hf' / 'README.md').read_text(), re.S)
+    namespace = {}
+    torch.manual_seed(0)
+    exec(code.group(1), namespace)
+    assert namespace['ids'][0, :17].tolist() == [256] + list(b'Once upon a time')
+    assert namespace['ids'].shape[1] > 17
 
 
 def test_bytes_tokenizer_encodes_and_decodes_like_prepares(tmp_path):
@@ -145,3 +211,16 @@ def test_gpt2_tokenizer_is_written_from_tiktokens_files(tmp_path, monkeypatch):
     text = 'once upon a time, lily saw a big dog.<|endoftext|> "Hi!" said Tom, 3 times.'
     assert tok(text)['input_ids'] == enc.encode(text, allowed_special='all')
     assert tok.decode(enc.encode_ordinary(text)) == text and tok.eos_token_id == 50256
+
+
+def test_the_cards_best_val_loss_is_the_logs_first_lowest_up_to_the_checkpoint(tmp_path):
+    """Its step is that of the first of equal losses (best.pt's: train.py keeps the first); an
+    evaluation after the exported checkpoint does not count, nor a non-finite one, nor a torn
+    line."""
+    lines = [json.dumps({'iter': it, 'val_loss': loss})
+             for it, loss in ((0, 3.0), (10, 2.0), (20, float('nan')), (30, 2.0), (40, 1.0))]
+    lines.insert(2, json.dumps({'iter': 15, 'loss': 0.5}))  # a training line
+    (tmp_path / 'log.jsonl').write_text('\n'.join(lines) + '\n{"iter": 50, "val_lo')
+    assert export_hf.best_eval(str(tmp_path), 30) == (2.0, 10)
+    assert export_hf.best_eval(str(tmp_path), 40) == (1.0, 40)
+    assert export_hf.best_eval(str(tmp_path), 5) == (3.0, 0)

@@ -17,8 +17,9 @@ from plumbing import UserError
 
 def reference_dispatch(moe, x, weights, experts):
     """The plain dropless dispatch, as DeepSeek-V3's model.py writes it: for each expert with
-    tokens, the rows routed to it, its SwiGLU on them, the gate-weighted output added back.
-    The oracle for MoE.dispatch, which computes the same grouped (assignment a: token a % N)."""
+    tokens, the rows routed to it, its SwiGLU on them, the outputs added back times their routing
+    weights. The oracle for MoE.dispatch, which computes the same grouped (assignment a: token
+    a % N)."""
     N = x.shape[0]
     y = torch.zeros_like(x)
     counts = torch.bincount(experts, minlength=moe.n_experts)
@@ -53,7 +54,7 @@ def test_moe_matches_per_token_reference(top_k, variant):
     torch.testing.assert_close(y.view(-1, 16), y_ref, rtol=1e-4, atol=1e-4)
     load, _, _ = train.unpack_routing(aux['routing'])
     assert load.sum().item() == pytest.approx(1.0)
-    # and the gradients (through dispatch, experts, gate weights and router) equal the reference's
+    # and the gradients (through dispatch, experts, routing weights, router) equal the reference's
     probe = torch.randn_like(y_ref)
     inputs = [x] + list(moe.parameters())
     grads = torch.autograd.grad((y.view(-1, 16) * probe).sum(), inputs)
@@ -107,9 +108,13 @@ def test_group_by_expert_is_a_stable_argsort_and_a_bincount():
         assert torch.equal(counts, experts.bincount(minlength=4))
         assert torch.equal(slot[order], torch.arange(30))  # slot is order's inverse
     assert counts[2] == 0
+    # the worked example in its docstring
+    order, slot, counts = train.group_by_expert(torch.tensor([2, 0, 2, 1, 2, 0]), 3)
+    assert (order.tolist(), slot.tolist(), counts.tolist()) == ([1, 5, 3, 0, 2, 4],
+                                                                [3, 0, 4, 2, 5, 1], [2, 1, 3])
 
 
-def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
+def test_selection_bias_changes_which_experts_but_not_their_routing_weights():
     torch.manual_seed(0)
     moe = train.MoE(config(bias_rate=0.1), resid_std=0.02)
     with torch.no_grad():
@@ -121,7 +126,7 @@ def test_selection_bias_changes_which_experts_but_not_their_gate_weights():
     torch.testing.assert_close(probs_b, probs)  # the bias is not in the softmax
     chosen = experts_b.view(2, -1)
     assert (chosen == 0).any(dim=0).all() and not torch.equal(experts_b, experts)
-    # each token's gate weights: its unbiased probabilities of the chosen pair, renormalised
+    # each token's routing weights: its unbiased probabilities of the chosen pair, renormalised
     picked = probs.gather(0, chosen)
     torch.testing.assert_close(weights_b.view(2, -1), picked / picked.sum(dim=0))
     # the tokens whose pair did not change keep their weights exactly
