@@ -144,7 +144,7 @@ def load_run(path):
     ckpt = load_checkpoint(path)
     try:
         c = ckpt['config']
-        missing = ', '.join(sorted({'model', 'meta', 'iter', 'tokens'} - set(ckpt)))
+        missing = ', '.join(sorted({'model', 'meta', 'iter', 'tokens', 'best_val'} - set(ckpt)))
     except Exception as e:
         raise UserError(f'{path} is not a usable tinymoe checkpoint ({type(e).__name__})') from None
     if missing:
@@ -160,13 +160,12 @@ def load_run(path):
 
 
 def best_eval(out_dir, until):
-    """The run's best validation loss up to step `until`, and its step, from its log.jsonl."""
+    """The run's best validation loss up to step `until`, and its step, from its log.jsonl; None
+    without the log (a checkpoint copied out of its run folder)."""
     path = os.path.join(out_dir, 'log.jsonl')
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        raise UserError(f'no {path}: the model card needs the log of the run beside its '
-                        'checkpoint') from None
+    if not os.path.isfile(path):
+        return None
+    lines = open(path).read().splitlines()
     evals = []
     for line in lines:
         try:
@@ -188,7 +187,8 @@ NOT_THE_MODEL = ('out_dir', 'config_name', 'data_dir', 'resume', 'print_params',
 
 def model_card(name, ckpt, best, to):
     """README.md: the hub's metadata block, what the model is, its figures, all from the run's
-    files (the checkpoint's config, meta, iter and tokens, and best: (val loss, step) from its log),
+    files (the checkpoint's config, meta, iter and tokens, and best: (val loss, step) from its log,
+    or None),
     and how to load it with transformers and generate."""
     c, meta = ckpt['config'], ckpt['meta']
     moe = c['ffn'] == 'moe'
@@ -205,7 +205,10 @@ def model_card(name, ckpt, best, to):
     else:
         tokenizer = f'bytes: ids 0-255 are the UTF-8 bytes, {meta["eot_id"]} is <|endoftext|>'
     kind = 'Mixtral-style mixture-of-experts' if moe else 'LLaMA-style dense'
-    val_loss, val_step = best
+    if best is None:  # no log: the checkpoint's own best so far, whose step only the log knows
+        best_text = f'{ckpt["best_val"]:.4f}, the best up to step {ckpt["iter"]:,}'
+    else:
+        best_text = f'{best[0]:.4f} at step {best[1]:,}'
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -233,7 +236,7 @@ with such stories and is not for use beyond that research.
 | context | {c['block_size']} tokens |
 | tokenizer | {tokenizer} |
 | trained | {ckpt['tokens']:,} tokens in {ckpt['iter']:,} steps |
-| best val loss | {val_loss:.4f} at step {val_step:,} (cross-entropy per token, nats) |
+| best val loss | {best_text} (cross-entropy per token, nats) |
 | config beyond tinymoe's defaults | {', '.join(changed) or 'none'} |
 
 ## Use
