@@ -155,8 +155,12 @@ def warmup_label(warmup, entry):
 
 
 def loss_cell(configs, name):
+    """mean ± std, and the number of seeds where it is not the sweep's all."""
     e = configs.get(name)
-    return report.mean_pm_std(e['mean'], e['std']) if e else '-'
+    if e is None:
+        return '-'
+    seeds = '' if e['n'] == len(SWEEP_SEEDS) else f' ({e["n"]} seeds)'
+    return report.mean_pm_std(e['mean'], e['std']) + seeds
 
 
 def rule_lines(summary):
