@@ -214,10 +214,17 @@ class GatherRows(torch.autograd.Function):
 gather_rows = GatherRows.apply
 
 
+# F.grouped_mm on the CPU too, where the loop over experts is faster: the tests set it to run the
+# GPU's path on any machine
+grouped_mm_on_cpu = False
+
+
 def grouped_mm_ok(x, hidden):
-    """F.grouped_mm (torch >= 2.8) wants bf16 on a CUDA GPU and rows aligned to 16 bytes."""
+    """F.grouped_mm (torch >= 2.8) wants bf16 and rows aligned to 16 bytes; it runs on a CUDA GPU,
+    or on the CPU if grouped_mm_on_cpu."""
     aligned = x.shape[-1] % 8 == 0 and hidden % 8 == 0
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
+    where = x.is_cuda or (x.is_cpu and grouped_mm_on_cpu)
+    return where and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
 
 
 class MoE(nn.Module):
