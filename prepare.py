@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 
 import numpy as np
-from tqdm import tqdm
 
 from plumbing import UserError, one_line_errors
 
@@ -143,6 +142,8 @@ def tokenize_chunk(texts):
 
 def write_split(f, stories, args, desc):
     """Tokenise stories in parallel, in chunks, and append the tokens to f in input order."""
+    # imported here, where it is used: train.py imports this file and needs no tqdm
+    from tqdm import tqdm
     chunks = (stories[i:i + args.chunk_size] for i in range(0, len(stories), args.chunk_size))
     n_tokens = n_stories = 0
     with tqdm(total=len(stories), desc=desc, unit="stories") as bar:

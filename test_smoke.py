@@ -187,38 +187,6 @@ def test_sample_defaults_to_the_newest_finished_run(prepared, tmp_path):
     assert out.stdout == stories['cpu_moe'] and 'sampling from' not in out.stderr
 
 
-def test_compiled_training_runs_and_matches_eager(prepared):
-    """One training step's loss (CE + aux) and every gradient, compiled against eager, on a model
-    whose weights are random and large (not at init scale, where the MoE's share of the output is
-    about the tolerance)."""
-    torch.manual_seed(0)
-    c = config(ffn='moe')
-    model = train.Transformer(c)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.uniform_(0.5, 1.5) if 'norm' in name else p.normal_(0, 0.3)
-    idx, targets = torch.randint(0, 257, (2, 4, 16)).unbind(0)
-    steps = []
-    for m in (model, torch.compile(model)):
-        model.zero_grad()
-        _, ce, aux = m(idx, targets)
-        loss = train.training_loss(ce, aux, c)
-        loss.backward()
-        steps.append((loss.detach(),
-                      {name: p.grad.clone() for name, p in model.named_parameters()}))
-    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = steps
-    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
-    for name, grad in eager_grads.items():
-        assert grad.abs().max() > 0, name
-        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4,
-                                   atol=1e-5 * grad.abs().max().item(), msg=name)
-    out = run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}',
-              f'--out_dir={prepared / "compiled"}', *TINY, '--n_layer=1', '--max_iters=6',
-              '--eval_interval=3', '--compile=True')
-    assert out.returncode == 0, out.stderr
-    assert json.load(open(prepared / 'compiled' / 'config.json'))['compile_used'] is True
-
-
 def test_missing_data_and_checkpoint_errors(tmp_path):
     out = run('train.py', 'config/cpu_moe.py', f'--data_dir={tmp_path}',
               f'--out_dir={tmp_path / "o"}')

@@ -222,10 +222,15 @@ class GatherRows(torch.autograd.Function):
 gather_rows = GatherRows.apply
 
 
+grouped_mm_on_cpu = False  # True: the GPU's grouped_mm on a CPU too (tests; the loop is faster)
+
+
 def grouped_mm_ok(x, hidden):
-    """F.grouped_mm (torch >= 2.8) wants bf16 on a CUDA GPU and rows aligned to 16 bytes."""
+    """F.grouped_mm (torch >= 2.8) wants bf16 and rows aligned to 16 bytes; it runs on a CUDA GPU,
+    or on the CPU if grouped_mm_on_cpu."""
     aligned = x.shape[-1] % 8 == 0 and hidden % 8 == 0
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
+    where = x.is_cuda or (x.is_cpu and grouped_mm_on_cpu)
+    return where and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
 
 
 class MoE(nn.Module):

@@ -76,7 +76,7 @@ def main(argv):
                    help='toy shapes, a few steps: checks the logic, not the speed')
     p.add_argument('--steps', type=int, default=None,
                    help='training steps per model (default 300, tiny 8)')
-    p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['H200'],
+    p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['NVIDIA H200'],
                    help='for the MFU (default: H200 bf16)')
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_check.json'))
     args = p.parse_args(argv)

@@ -547,7 +547,7 @@ def parse_args(argv):
     p.add_argument('--budget_s', type=float, default=210,
                    help='no compile starts that would end later than this after the start, '
                         'less 20 s for the timing (default 210)')
-    p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['H200'],
+    p.add_argument('--peak_flops', type=float, default=plumbing.PEAK_FLOPS['NVIDIA H200'],
                    help='for the MFU (default: H200 bf16)')
     p.add_argument('--out', default=os.path.join(REPO, 'results', 'gpu', 'gpu_levers.json'),
                    help='the JSON file, rewritten as the run goes (the GPU session: '

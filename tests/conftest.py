@@ -90,6 +90,7 @@ TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block
 
 @pytest.fixture(scope='module')
 def prepared(tmp_path_factory):
+    pytest.importorskip('tqdm', reason="prepare.py's progress bar needs tqdm")
     root = tmp_path_factory.mktemp('e2e')
     write_stories(root / 'stories.txt', 300)
     out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes',

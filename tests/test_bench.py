@@ -150,6 +150,18 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
             and abs(moe['params']['active'] / dense['params']['active'] - 1) < 0.01)
 
 
+def test_what_a_gpu_machine_runs_imports_with_nothing_but_torch_and_numpy():
+    """The GPU machine may have nothing else: train.py, sample.py and the GPU scripts import with
+    the other packages blocked, as if not installed (export_hf.py needs safetensors, by design)."""
+    blocked = ['tqdm', 'tiktoken', 'datasets', 'matplotlib', 'safetensors', 'transformers']
+    code = ['import sys', "sys.path.insert(0, 'scripts')",
+            *[f'sys.modules[{name!r}] = None' for name in blocked],
+            'import train, sample, gpu_check, gpu_real_text, gpu_levers, paper_on_cpu']
+    out = subprocess.run([sys.executable, '-c', '\n'.join(code)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')
 def test_gpu_check_refuses_cuda_without_a_gpu():
     out = subprocess.run([sys.executable, 'scripts/gpu_check.py'], cwd=REPO, capture_output=True,

@@ -111,9 +111,14 @@ def test_asking_for_mps_without_it_is_one_line_naming_the_fix():
         config(device='mps')
 
 
-@pytest.mark.parametrize('name, peak', [('NVIDIA H200', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12),
-                                        ('NVIDIA L40S', 362e12), ('Tesla T4', 65e12),
-                                        ('Some Other GPU', None)])
+# the names torch.cuda.get_device_name reports (as nvidia-smi does) and each one's dense bf16 peak
+# (fp16 on the T4); a name that holds another one (A10G, H100 PCIe) gets its own
+@pytest.mark.parametrize('name, peak', [
+    ('NVIDIA A10', 125e12), ('NVIDIA A10G', 70e12), ('NVIDIA A100-SXM4-40GB', 312e12),
+    ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA H100 80GB HBM3', 989e12),
+    ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H200', 989e12), ('NVIDIA L4', 121e12),
+    ('NVIDIA L40S', 362e12), ('Tesla T4', 65e12), ('Some Other GPU', None),
+    ('NVIDIA GeForce RTX 4090', None)])
 def test_peak_flops_by_gpu_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: name)
     assert plumbing.peak_flops(torch.device('cuda')) == peak

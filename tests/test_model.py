@@ -560,16 +560,22 @@ def test_warmup_iters_fixes_the_warmup_in_steps_whatever_the_run_length():
         assert lrs[-1] == pytest.approx(3e-4)
 
 
-@pytest.mark.parametrize('cuda, dtype, width, hidden, has_op, ok', [
-    (True, torch.bfloat16, 16, 24, True, True), (False, torch.bfloat16, 16, 24, True, False),
-    (True, torch.float32, 16, 24, True, False), (True, torch.float16, 16, 24, True, False),
-    (True, torch.bfloat16, 12, 24, True, False), (True, torch.bfloat16, 16, 20, True, False),
-    (True, torch.bfloat16, 16, 24, False, False)])
-def test_grouped_mm_only_for_bf16_aligned_cuda_tensors_on_a_torch_that_has_it(
-        cuda, dtype, width, hidden, has_op, ok, monkeypatch):
+@pytest.mark.parametrize('cuda, on_cpu, dtype, width, hidden, has_op, ok', [
+    (True, False, torch.bfloat16, 16, 24, True, True),
+    (False, False, torch.bfloat16, 16, 24, True, False),
+    (False, True, torch.bfloat16, 16, 24, True, True),  # the CPU, forced (grouped_mm_on_cpu)
+    (False, True, torch.float32, 16, 24, True, False),
+    (True, False, torch.float32, 16, 24, True, False),
+    (True, False, torch.float16, 16, 24, True, False),
+    (True, False, torch.bfloat16, 12, 24, True, False),
+    (False, True, torch.bfloat16, 16, 20, True, False),
+    (True, False, torch.bfloat16, 16, 24, False, False)])
+def test_grouped_mm_only_for_bf16_aligned_tensors_on_cuda_or_a_forced_cpu(
+        cuda, on_cpu, dtype, width, hidden, has_op, ok, monkeypatch):
     if not has_op:
         monkeypatch.delattr(F, 'grouped_mm', raising=False)
-    x = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(5, width))
+    monkeypatch.setattr(train, 'grouped_mm_on_cpu', on_cpu)
+    x = types.SimpleNamespace(is_cuda=cuda, is_cpu=not cuda, dtype=dtype, shape=(5, width))
     assert train.grouped_mm_ok(x, hidden) is ok
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tqdm
 
 import prepare
 from conftest import REPO
@@ -428,7 +429,7 @@ def test_interrupt_mid_write_leaves_nothing(tmp_path, good_dataset, monkeypatch,
     out = tmp_path / "out"
     shutil.copytree(good_dataset, out)
     before = snapshot(out)
-    monkeypatch.setattr(prepare, "tqdm", type("Bar", (_InterruptingBar,), {"exc": exc}))
+    monkeypatch.setattr(tqdm, "tqdm", type("Bar", (_InterruptingBar,), {"exc": exc}))
     argv = ["--input", inp, "--tokenizer", "bytes", "--out_dir", str(out), "--force",
             "--num_proc", str(num_proc), "--chunk_size", "2"]
     if exc is KeyboardInterrupt:  # reported as one line, exit code 130

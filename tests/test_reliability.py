@@ -166,29 +166,44 @@ def test_a_nan_loss_stops_the_run_naming_the_iteration(prepared, monkeypatch):
     assert max(json.loads(line)['iter'] for line in open(out_dir / 'log.jsonl')) == 10
 
 
-def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
-    """torchrun, 2 CPU processes (gloo), 4 micro-batches per step (two each: the no_sync() branch
-    runs) against 1 process doing all four: the same windows, the same losses and the same final
-    weights and AdamW moments."""
-    common = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=6',
-              '--log_interval=2', '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4',
-              '--grad_accum=4']
-    one = run('train.py', *common, f'--out_dir={prepared / "ddp1"}')
-    assert one.returncode == 0, one.stderr
+def ddp_args(prepared):
+    """4 micro-batches per step: two for each of 2 processes, so the no_sync() branch runs."""
+    return ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=6',
+            '--log_interval=2', '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4',
+            '--grad_accum=4']
+
+
+@pytest.fixture(scope='module')
+def one_process(prepared):
+    """The DDP runs' reference: 1 process doing all four micro-batches of each step, eager."""
+    out = run('train.py', *ddp_args(prepared), f'--out_dir={prepared / "ddp1"}')
+    assert out.returncode == 0, out.stderr
+    return prepared / 'ddp1'
+
+
+@pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
+def test_ddp_with_two_gloo_processes_equals_one_process(prepared, one_process, compiled):
+    """torchrun, 2 CPU processes (gloo), eager and compiled as a GPU trains, against 1 eager
+    process: the same windows, the same losses and the same final weights and AdamW moments
+    (compiled code sums in another order, about 1e-6 of a value: well within the tolerances)."""
+    ddp = prepared / f'ddp2_compiled_{compiled}'
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                          '--nproc_per_node=2', 'train.py', *common,
-                          f'--out_dir={prepared / "ddp2"}'],
+                          '--nproc_per_node=2', 'train.py', *ddp_args(prepared),
+                          f'--compile={compiled}', f'--out_dir={ddp}'],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
-    logs = [same_log.read_log(prepared / d) for d in ('ddp1', 'ddp2')]
+    used = json.load(open(ddp / 'config.json'))
+    assert (used['world_size'], used['compile_used']) == (2, compiled)
+    runs = [one_process, ddp]
+    logs = [same_log.read_log(d) for d in runs]
     assert [r['iter'] for r in logs[0]] == [r['iter'] for r in logs[1]]
     # (a training line's routing statistics are of its last micro-batch(es): not compared)
     for a, b in zip(*logs):
         for key in (('val_loss', 'busiest_frac', 'router_entropy') if 'val_loss' in a
                     else ('loss', 'ce', 'lb', 'z')):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a['iter'], key)
-    ckpts = [torch.load(prepared / d / 'latest.pt', weights_only=True) for d in ('ddp1', 'ddp2')]
+    ckpts = [torch.load(d / 'latest.pt', weights_only=True) for d in runs]
     assert ckpts[0]['iter'] == ckpts[1]['iter'] == 6
     for name, w in ckpts[0]['model'].items():
         torch.testing.assert_close(ckpts[1]['model'][name], w, rtol=1e-4, atol=1e-6, msg=name)
@@ -196,7 +211,6 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared):
         for key in ('exp_avg', 'exp_avg_sq'):
             torch.testing.assert_close(ckpts[1]['optimizer']['state'][i][key], state[key],
                                        rtol=1e-3, atol=1e-9)
-    assert json.load(open(prepared / 'ddp2' / 'config.json'))['world_size'] == 2
 
 
 def test_grad_accum_must_split_over_the_processes(prepared):
