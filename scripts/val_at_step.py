@@ -45,7 +45,7 @@ def at_step(seeds, step):
     return out
 
 
-def val_at_tokens(run, tokens):
+def interpolated_val(run, tokens):
     """A run's val loss at `tokens`, linear between its evaluations either side; None outside."""
     evals = [(r['tokens'], r['val_loss']) for r in run['evals']]
     for (t0, v0), (t1, v1) in zip(evals, evals[1:]):
@@ -68,7 +68,7 @@ def planning_bias(runs):
         planned.sort(key=lambda p: p[0])
         for i, (tokens, short, run) in enumerate(planned):
             for _, long, longer in planned[i + 1:]:
-                diff = run['best']['val_loss'] - val_at_tokens(longer, tokens)
+                diff = run['best']['val_loss'] - interpolated_val(longer, tokens)
                 pairs.append((config, seed, short, long, diff))
     return pairs
 

@@ -104,8 +104,9 @@ def early_curves(seeds, key):
     """{seed: ([steps], [values])} of a training-line key over the first EARLY_STEPS steps."""
     out = {}
     for s, run in sorted(seeds.items()):
-        with open(os.path.join(run['path'], 'log.jsonl')) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        path = os.path.join(run['path'], 'log.jsonl')
+        with open(path) as f:
+            records = report.read_records(path, f.read().splitlines(), warn=lambda message: None)
         points = [(r['iter'], r[key]) for r in records
                   if key in r and 'tok_per_s' in r and r['iter'] <= EARLY_STEPS]
         out[str(s)] = ([p[0] for p in points], [p[1] for p in points])
