@@ -19,9 +19,9 @@ CPU_RUNS := $(call runs,cpu_moe cpu_dense_active cpu_dense_total)
 PAPER_RUNS := $(call runs,moe dense_active dense_total)
 # out/cpu_dense_total-s2/done.json -> python train.py config/cpu_dense_total.py --seed=2 [--resume=True]
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
-	$(if $(wildcard out/$*/log.jsonl),--resume=True)
+	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute FORCE
+.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -50,6 +50,8 @@ data/tinystories_sample_gpt2/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) \
 		--out_dir data/tinystories_sample_gpt2
 $(PAPER_RUNS): out/%/done.json: | data/tinystories/meta.json
+	$(TRAIN)
+$(CPU_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 
 # the cost of the MoE per training step at the CPU recipe's width (bench.py): eager with the MoE built up in

@@ -80,18 +80,27 @@ STAGES = {'experts_only': ('the experts alone', ExpertsOnlyMoE),
 VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.items() if cls}}
 
 
-def read_step_times(path):
-    """The MoE's and dense_total's ms per step and what measured them, from a file this script's
-    output went to (its last line is the JSON)."""
+def read_result(path):
+    """The JSON line a file this script's output went to ends with."""
     try:
         with open(path) as f:
-            result = json.loads(f.read().strip().splitlines()[-1])
+            return json.loads(f.read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError) as e:
+        raise plumbing.UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
+                                 'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+
+
+def read_step_times(path):
+    """The MoE's and dense_total's ms per step and what measured them, from a bench.py output."""
+    result = read_result(path)
+    try:
         ms = result['ms_per_step']
         return {'moe': ms['moe'], 'dense_total': ms['dense_total'],
                 'hardware': result.get('hardware'), 'torch': result.get('torch')}
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise plumbing.UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
-                                 'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+    except (KeyError, TypeError) as e:
+        raise plumbing.UserError(f'{path} has no step times of moe and dense_total ({e!r}); '
+                                 'make it with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE'
+                                 ) from None
 
 
 def build(argv):
@@ -121,6 +130,20 @@ def paired_ratio_quartiles(times, reference_times):
     timed right after the other."""
     q1, _, q3 = statistics.quantiles([t / r for t, r in zip(times, reference_times)], n=4)
     return q1, q3
+
+
+def round_ratios(times, reference_times, rounds):
+    """The step-time ratio reference / model as a distribution over the rounds: each round's
+    median step of the reference over the model's. What a machine charges moves with its load, so
+    one ratio of medians hides how far apart two measurements can fall: {median, q1, q3, rounds}."""
+    steps = len(times) // rounds
+    per_round = [statistics.median(reference_times[i * steps:(i + 1) * steps])
+                 / statistics.median(times[i * steps:(i + 1) * steps]) for i in range(rounds)]
+    if rounds == 1:
+        q1 = q3 = per_round[0]
+    else:
+        q1, _, q3 = statistics.quantiles(per_round, n=4, method='inclusive')
+    return {'median': statistics.median(per_round), 'q1': q1, 'q3': q3, 'rounds': per_round}
 
 
 def print_profile_difference(models, batches, step, top=15):
@@ -197,6 +220,7 @@ def main(argv):
     tokens = c.batch_size * c.block_size
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     paired = paired_ratio_quartiles(times['moe'], times['dense_active'])
+    per_round = round_ratios(times['moe'], times['dense_total'], rounds)
     mode = 'compiled' if use_compile else 'eager'
     print(f'{c.config_name} recipe on {device.type} {mode}: {tokens} tokens per step, median of '
           f'{rounds} x {steps} steps')
@@ -210,6 +234,9 @@ def main(argv):
               f'{gflops:>9.1f}')
     print(f'moe / dense_active: {ms["moe"] / ms["dense_active"]:.3f} (the middle half of the '
           f'per-step ratios: {paired[0]:.3f} to {paired[1]:.3f})')
+    print(f'dense_total / moe: {ms["dense_total"] / ms["moe"]:.3f} (over the {rounds} rounds: '
+          f'median {per_round["median"]:.3f}, quartiles {per_round["q1"]:.3f} to '
+          f'{per_round["q3"]:.3f})')
     result = {'device': device.type, 'compile': use_compile, 'torch': torch.__version__,
               'hardware': plumbing.hardware_name(device),
               'ms_per_step': ms,
@@ -217,7 +244,8 @@ def main(argv):
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],
               'moe_over_dense_active_quartiles': list(paired),
               'naive_over_moe': ms['naive_moe'] / ms['moe'],
-              'dense_total_over_moe': ms['dense_total'] / ms['moe']}
+              'dense_total_over_moe': ms['dense_total'] / ms['moe'],
+              'dense_total_over_moe_rounds': per_round}
     if stages:
         over_dense = {name: ms[name] / ms['dense_active'] for name in STAGES}
         result['stages_over_dense_active'] = over_dense

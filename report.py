@@ -2,7 +2,7 @@
 The paper's table, both gaps, the gaps over training, routing health and plots, from run folders.
 
     python report.py out/cpu_*                  # -> ./report.md (also printed), report.json, *.png
-    python report.py 'out/*' --out results/cpu
+    python report.py 'out/*' --out out/report
 
 Runs are grouped by the config name and seed recorded in their config.json (not by folder names).
 A config's role comes from its name: `moe`, `cpu_moe` -> moe; `dense_active`, `cpu_dense_active`
@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import types
@@ -53,12 +54,18 @@ BOOTSTRAP = 2000
 
 
 def budget_of(name):
-    """'flops_cpu_moe' -> ('flops', 'cpu_moe'); a config at its own token budget -> ('tokens',
-    name)."""
+    """'flops_cpu_moe' -> ('flops', 'cpu_moe'); a run at a token multiplier k of a config,
+    'k1.2_cpu_moe' -> ('k1.2', 'cpu_moe'); a config at its own token budget -> ('tokens', name)."""
     prefix, _, config = name.partition('_')
-    if prefix in BUDGETS[1:] and config:
+    multiplier = re.fullmatch(r'k\d+(\.\d+)?', prefix)
+    if (prefix in BUDGETS[1:] or multiplier) and config:
         return prefix, config
     return 'tokens', name
+
+
+def budget_label(budget, b):
+    """'equal FLOPs', or for a run at a token multiplier '1.20x the tokens'."""
+    return BUDGET_LABELS.get(budget) or f'{b["k"]:.2f}x the tokens'
 
 
 def role_of(name):
@@ -245,7 +252,7 @@ def family_gaps(runs, roles):
     return gaps, curve
 
 
-def summarise(runs, warn, step_times=None):
+def summarise(runs, warn, step_times=None, ratios=()):
     configs, families = {}, defaultdict(dict)
     for name in sorted(runs):
         seeds = runs[name]
@@ -288,7 +295,43 @@ def summarise(runs, warn, step_times=None):
     out['scan'] = scan(out['families'], runs)
     out['compute'] = compute_gaps(runs, warn, step_times)
     out['break_even'] = {name: break_even(entry) for name, entry in out['compute'].items()}
+    out['step_time_ratio'] = []
+    for row in ratios:
+        entry = out['break_even'].get(break_even_name(row['config'], out['break_even']))
+        out['step_time_ratio'].append({**row, 'verdict': verdict(row, entry)})
     return out
+
+
+def break_even_name(config, names):
+    """The name an MoE config's k* goes by among names: its own or a warmup study's (cpu_moe ->
+    w224_cpu_moe); None if neither is there."""
+    return next((name for name in names
+                 if name == config or re.fullmatch(rf'w\d+_{re.escape(config)}', name)), None)
+
+
+def interval_within_trained(entry):
+    """k*'s 90% interval for the plot, its ends cut to the trained k's: an end beyond them (+-inf)
+    says only on which side k* lies."""
+    ks = [g['k'] for g in entry['per_k']]
+    return [min(max(k, ks[0]), ks[-1]) for k in entry['interval']]
+
+
+def verdict(ratio, break_even_entry):
+    """Where an MoE wins on time on the machine that measured a step-time ratio r: 'wins' if r's
+    first quartile lies above k*'s 90% interval, 'loses' if its third quartile lies below it, else
+    'undecided'; None without a k*."""
+    if break_even_entry is None:
+        return None
+    low, high = break_even_entry['interval']
+    ks = [g['k'] for g in break_even_entry['per_k']]
+    # an end beyond the trained k's (+-inf) says only that k* lies below the first or above the last
+    at_most = max(high, ks[0])
+    at_least = min(low, ks[-1])
+    if ratio['q1'] > at_most:
+        return 'wins'
+    if ratio['q3'] < at_least:
+        return 'loses'
+    return 'undecided'
 
 
 def headline_family(families):
@@ -396,10 +439,13 @@ def compute_gaps(runs, warn, step_times=None):
             if step_times and config in step_times:
                 out[config]['step_ms'] = step_times[config]
         out[config]['budgets'][budget] = budget_entry(runs[name], runs[dense])
-    for entry in out.values():  # budgets in a fixed order, each with its token multiplier
-        entry['budgets'] = {b: entry['budgets'][b] for b in BUDGETS if b in entry['budgets']}
-        for b in entry['budgets'].values():
+    for entry in out.values():  # each budget's token multiplier; the named budgets first, then by k
+        budgets = entry['budgets']
+        for b in budgets.values():
             b['k'] = b['tokens'] / entry['tokens']
+        multipliers = sorted((b for b in budgets if b not in BUDGETS),
+                             key=lambda b: budgets[b]['k'])
+        entry['budgets'] = {b: budgets[b] for b in [*BUDGETS, *multipliers] if b in budgets}
     return out
 
 
@@ -434,7 +480,7 @@ def break_even(entry, resamples=BOOTSTRAP):
     boot = sorted(mean_crossing(rng.choices(seeds, k=len(seeds))) for _ in range(resamples))
     interval = [boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]]
     per_k_gaps = [{'k': b['k'], **{key: b['vs_dense_total'][key]
-                                   for key in ('mean', 'std', 'n', 'positive', 't')}}
+                                   for key in ('mean', 'std', 'n', 'positive', 't', 'per_seed')}}
                   for b in budgets]
     return {'k_star': mean_crossing(seeds), 'interval': interval, 'seeds': len(seeds),
             'per_seed': {s: crossing(ks, [p[s] for p in per_k]) for s in seeds},
@@ -608,7 +654,7 @@ def compute_lines(compute):
             g = b['vs_dense_total']
             t = '-' if g['t'] is None else f'{g["t"]:.1f}'
             per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in g['per_seed'].items())
-            lines.append(f'| {name} | {BUDGET_LABELS[budget]} | {budget_cells(b)} | '
+            lines.append(f'| {name} | {budget_label(budget, b)} | {budget_cells(b)} | '
                          f'{vs_dense_text(g)} | {t} | {end_text(b)} | {per_seed} |')
     timed = {name: entry['step_ms'] for name, entry in compute.items() if 'step_ms' in entry}
     if timed:
@@ -659,6 +705,28 @@ def break_even_lines(break_even):
         lines.append(f'| {name} | {b["seeds"]} | {gaps} | {k_text(b["k_star"])} | '
                      f'{k_text(low)} - {k_text(high)} | {k_text(statistics.median(seeds))} '
                      f'[{k_text(min(seeds))} - {k_text(max(seeds))}] |')
+    return lines
+
+
+def ratio_lines(ratios, break_even):
+    """The verdict table: each measured r beside its MoE's k*."""
+    lines = ['', '## Where an MoE wins on time: r against k*', '',
+             'r: cpu_dense_total\'s step time over the MoE\'s (bench.py, one thread, the models '
+             'interleaved step by step), median and quartiles over rounds. The MoE wins on time '
+             'where r\'s quartiles lie above k*\'s 90% interval, loses where they lie below it; '
+             'undecided where they overlap.', '',
+             '| MoE | setting | machine | torch | rounds | r: median [q1-q3] | k* [90%] | '
+             'on time |',
+             '|---|---|---|---|---|---|---|---|']
+    for row in ratios:
+        entry = break_even.get(break_even_name(row['config'], break_even))
+        k_star = '-'
+        if entry is not None:
+            low, high = entry['interval']
+            k_star = f'{k_text(entry["k_star"])} [{k_text(low)}-{k_text(high)}]'
+        lines.append(f'| {row["config"]} | {row["setting"]} | {row["hardware"]} | '
+                     f'{row["torch"]} | {len(row["rounds"])} | {row["median"]:.3f} '
+                     f'[{row["q1"]:.3f}-{row["q3"]:.3f}] | {k_star} | {row["verdict"] or "-"} |')
     return lines
 
 
@@ -770,6 +838,8 @@ def markdown(summary, runs, warnings, plots):
     if summary['compute']:
         lines += compute_lines(summary['compute'])
         lines += break_even_lines(summary['break_even'])
+    if summary['step_time_ratio']:
+        lines += ratio_lines(summary['step_time_ratio'], summary['break_even'])
     if plots:
         lines += ['', '## Plots', ''] + [f'![{p}]({p})' for p in plots]
     if warnings:
@@ -801,7 +871,43 @@ def plot(summary, runs, out_dir):
         written.append(plot_budgets(plt, name, entry, runs, out_dir))
     if summary['compute']:
         written.append(plot_who_wins(plt, summary['compute'], out_dir))
+    if any(summary['break_even'].values()):
+        written.append(plot_break_even(plt, summary['break_even'], summary['step_time_ratio'],
+                                       out_dir))
     return written
+
+
+def plot_break_even(plt, break_even, ratios, out_dir):
+    """Each MoE's gap to its dense_total against k: the seed mean as a line with its standard
+    error as a band, each seed as a dot, k*'s 90% interval as a bar on the zero line, and each
+    measured step-time ratio r as a dotted line (its quartiles shaded)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {}
+    measured = {name: b for name, b in break_even.items() if b}
+    for i, (name, b) in enumerate(measured.items()):
+        colors[name] = f'C{i}'
+        ks = [g['k'] for g in b['per_k']]
+        means = [g['mean'] for g in b['per_k']]
+        se = [g['std'] / math.sqrt(g['n']) for g in b['per_k']]
+        ax.plot(ks, means, '-o', color=colors[name], ms=4,
+                label=f'{name}: k* {k_text(b["k_star"])}')
+        ax.fill_between(ks, [m - e for m, e in zip(means, se)],
+                        [m + e for m, e in zip(means, se)], color=colors[name], alpha=0.2)
+        for g in b['per_k']:
+            ax.plot([g['k']] * len(g['per_seed']), list(g['per_seed'].values()), '.',
+                    color=colors[name], ms=3)
+        ax.plot(interval_within_trained(b), [0, 0], color=colors[name], lw=5, alpha=0.5)
+    for row in ratios:
+        color = colors.get(break_even_name(row['config'], colors), 'gray')
+        ax.axvline(row['median'], color=color, ls=':', lw=1.2,
+                   label=f'r, {row["config"]}, {row["setting"]}')
+        ax.axvspan(row['q1'], row['q3'], color=color, alpha=0.08)
+    ax.axhline(0, color='gray', lw=0.8)
+    ax.set(xlabel='k: the MoE\'s training tokens / dense_total\'s',
+           ylabel='MoE - dense_total, best val loss',
+           title='Break-even: the MoE wins on time where r > k*')
+    ax.legend(fontsize=7)
+    return save(fig, out_dir, 'break_even.png')
 
 
 def plot_budgets(plt, name, entry, runs, out_dir):
@@ -809,9 +915,9 @@ def plot_budgets(plt, name, entry, runs, out_dir):
     FLOPs (mean over seeds)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lines = [(entry['dense_total'], entry['dense_total'])]
-    for budget in entry['budgets']:
+    for budget, b in entry['budgets'].items():
         run_name = name if budget == 'tokens' else f'{budget}_{name}'
-        lines.append((run_name, f'{name}, {BUDGET_LABELS[budget]}'))
+        lines.append((run_name, f'{name}, {budget_label(budget, b)}'))
     for run_name, label in lines:
         points, curves = trained_val_curves(runs[run_name], 'flops')
         ax.plot(points, pointwise_mean(curves), label=f'{label} ({len(runs[run_name])} seeds)')
@@ -956,6 +1062,26 @@ def read_bench_folder(folder):
     return {os.path.basename(p)[:-len('.txt')]: bench.read_step_times(p) for p in paths}
 
 
+def read_ratio_folder(folder):
+    """make ratio's rows, from <folder>/<setting>/<MoE config>.txt: what measured each, and
+    dense_total's step time over the MoE's over the rounds (median, q1, q3, rounds)."""
+    paths = sorted(glob.glob(os.path.join(folder, '*', '*.txt')))
+    if not paths:
+        raise UserError(f'no bench.py outputs (<setting>/<config>.txt) in {folder}; make them '
+                        'with: make ratio')
+    rows = []
+    for path in paths:
+        setting = os.path.basename(os.path.dirname(path))
+        config = os.path.basename(path)[:-len('.txt')]
+        result = bench.read_result(path)
+        if 'dense_total_over_moe_rounds' not in result:
+            raise UserError(f'{path} has no step-time ratio per round (a bench.py older than '
+                            'its rounds); measure it again with: make ratio')
+        rows.append({'config': config, 'setting': setting, 'hardware': result.get('hardware'),
+                     'torch': result.get('torch'), **result['dense_total_over_moe_rounds']})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -963,6 +1089,8 @@ def main(argv=None):
     p.add_argument('--out', default='.', help='folder for report.md, report.json and the plots')
     p.add_argument('--bench', help='a folder of bench.py outputs, <MoE config>.txt, whose step '
                    'times set the equal-time budgets (make compute)')
+    p.add_argument('--ratio', help='a folder of make ratio\'s step-time ratios, '
+                   '<setting>/<MoE config>.txt, to set against k*')
     args = p.parse_args(argv)
     warnings = []
     # a pattern that matches nothing stands for itself (a folder named as given, or a warning)
@@ -974,7 +1102,8 @@ def main(argv=None):
                         'with a config.json and a log.jsonl) or globs that match them')
     os.makedirs(args.out, exist_ok=True)
     step_times = read_bench_folder(args.bench) if args.bench else None
-    summary = summarise(runs, warnings.append, step_times)
+    ratios = read_ratio_folder(args.ratio) if args.ratio else ()
+    summary = summarise(runs, warnings.append, step_times, ratios)
     plots = plot(summary, runs, args.out)
     text = markdown(summary, runs, warnings, plots)
     with open(os.path.join(args.out, 'report.md'), 'w') as f:

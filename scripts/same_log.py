@@ -3,7 +3,8 @@
 must be equal. A field that one log never has (a log written before train.py logged it, such as
 flops) is left out, and named.
 
-    python scripts/same_log.py out/cpu_moe-s1 results/cpu/runs/cpu_moe-s1
+    python scripts/same_log.py out/cpu_moe-s1 results/cpu/warmup/runs/w224_cpu_moe-s1
+    python scripts/same_log.py out/first/cpu_moe-s1 results/cpu/runs/cpu_moe-s1   # 2% warmup
 
 Prints the first differences and how far the best val loss moved, and exits 1 if there are any,
 else one line and exit 0.

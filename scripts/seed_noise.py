@@ -2,13 +2,14 @@
 validation set.
 
     make noise                                        # its runs, then this script
-    python scripts/seed_noise.py --out results/cpu/noise
+    python scripts/seed_noise.py --runs out/first --out results/cpu/noise
 
 `seed` sets both the init and the data order; `data_seed` sets the data order alone. For cpu_moe
 and cpu_dense_active, three groups of three runs each share seed 1's init or its data order:
-    both vary     out/{config}-s1, -s2, -s3                            (the main protocol)
-    init varies   out/{config}-s1, out/noise_{config}-i2-d1, -i3-d1    (seed 1's data order)
-    data varies   out/{config}-s1, out/noise_{config}-i1-d2, -i1-d3    (seed 1's init)
+    both vary     {config}-s1, -s2, -s3                        (the first protocol's main runs)
+    init varies   {config}-s1, noise_{config}-i2-d1, -i3-d1    (seed 1's data order)
+    data varies   {config}-s1, noise_{config}-i1-d2, -i1-d3    (seed 1's init)
+in the --runs folder (make noise: out/first/, the first protocol's 2% warmup).
 On CPU a run is deterministic, so a group's spread is its source's alone (gradient noise comes
 with the data order). The validation set is one fixed sample of text, the same for every run: its
 finite size adds a standard error that no number of seeds removes, estimated here from seed 1's
@@ -223,7 +224,7 @@ def markdown(rows, n, se, plateau_ce, escapes):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--runs', default='out', help='folder holding the run folders')
+    p.add_argument('--runs', default='out/first', help='folder holding the run folders')
     p.add_argument('--out', default='results/cpu/noise',
                    help='where report.md and report.json go')
     p.add_argument('--plateau_ce', type=float, default=2.5,

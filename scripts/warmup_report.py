@@ -5,8 +5,8 @@ study at the picked warmup, the token budgets under it, and the routers' first s
 
 A run's name says its cell: `w112_b25_cpu_moe` is cpu_moe with a warmup of 112 steps
 (`--warmup_iters=112`) on 25% of the recipe's tokens; without `w<steps>_` the warmup is the
-recipe's 2% of the run's steps (`cpu_moe`: 22 steps), without `b<percent>_` the budget is the
-recipe's. Gaps are seed-paired as in report.py: vs_dense_total = config - cpu_dense_total of the
+first protocol's, 2% of the run's steps (`cpu_moe`: 22 steps), without `b<percent>_` the budget is
+the recipe's. Gaps are seed-paired as in report.py: vs_dense_total = config - cpu_dense_total of the
 same warmup and budget (negative: the config is better), active = cpu_dense_active - cpu_moe.
 """
 import argparse
@@ -22,7 +22,7 @@ import report  # noqa: E402
 import train  # noqa: E402
 from plumbing import UserError, one_line_errors  # noqa: E402
 
-FRACTION = '2%'  # the warmup of a run without w<steps>_: the recipe's warmup_frac of its steps
+FRACTION = '2%'  # the warmup of a run without w<steps>_: the first protocol's 2% of its steps
 WARMUPS = (FRACTION, '56', '112', '224')
 SWEEP_SEEDS = (1, 2, 3, 4, 5)  # the sweep's seeds: the rule reads cpu_dense_total's on these
 RULE = ('the warmup (of 22, 56, 112 and 224 steps) with the lowest mean best val loss of '

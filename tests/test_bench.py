@@ -1,4 +1,5 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
+import glob
 import json
 import os
 import subprocess
@@ -53,6 +54,9 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     low, high = result['moe_over_dense_active_quartiles']
     assert f'middle half of the per-step ratios: {low:.3f} to {high:.3f}' in out.stdout
     assert result['naive_over_moe'] == ms['naive_moe'] / ms['moe'] and result['compile'] is False
+    # one round: its ratio of medians is the whole run's
+    rounds = result['dense_total_over_moe_rounds']
+    assert rounds['rounds'] == [ms['dense_total'] / ms['moe']] == [rounds['q1']]
     # which machine and torch measured it: a step time means little without them
     assert result['hardware'] == plumbing.cpu_name() and result['torch'] == torch.__version__
     stages = result['stages_over_dense_active']
@@ -65,6 +69,14 @@ def test_paired_ratio_quartiles_pair_each_step_with_the_reference_step():
     # ratios 1, 2, 3, 4, 5 step by step (sorting either list alone would pair them differently)
     assert bench.paired_ratio_quartiles([5.0, 2.0, 6.0, 12.0, 10.0],
                                         [5.0, 1.0, 2.0, 3.0, 2.0]) == (1.5, 4.5)
+
+
+def test_round_ratios_take_each_rounds_medians():
+    # 2 rounds of 3 steps: the model's medians 2 and 4, the reference's 3 and 10 -> 1.5 and 2.5
+    ratios = bench.round_ratios([1.0, 2.0, 9.0, 4.0, 4.0, 5.0], [3.0, 3.0, 3.0, 10.0, 1.0, 11.0], 2)
+    assert ratios == {'median': 2.0, 'q1': 1.75, 'q3': 2.25, 'rounds': [1.5, 2.5]}
+    assert bench.round_ratios([2.0, 4.0], [3.0, 6.0], 1) == {'median': 1.5, 'q1': 1.5, 'q3': 1.5,
+                                                             'rounds': [1.5]}
 
 
 def test_bench_refuses_fewer_than_two_timed_steps():
@@ -248,6 +260,46 @@ def test_compute_budget_prints_the_tokens_of_dense_totals_flops_and_time(tmp_pat
     assert capsys.readouterr().out == f'{round(4585000 * 200 / 160)}\n'
     assert bench.read_step_times(bench_file) == {'moe': 160.0, 'dense_total': 200.0,
                                                  'hardware': 'a CPU', 'torch': None}
+
+
+def test_a_budget_is_planned_once_and_then_read(tmp_path, capsys, monkeypatch):
+    """make compute's tokens come from the budgets file; a budget missing there is planned from
+    the bench file and written in, and a bench file measured again later changes nothing."""
+    monkeypatch.syspath_prepend(os.path.join(REPO, 'scripts'))
+    import compute_budget
+    monkeypatch.chdir(REPO)  # configs are named from the repository, as make names them
+    budgets, bench_dir = tmp_path / 'budgets.json', tmp_path / 'bench'
+    bench_dir.mkdir()
+    budgets.write_text(json.dumps({'time_cpu_moe_shared': 6019949}))
+    result = {'ms_per_step': {'moe': 160.0, 'dense_total': 200.0}}
+    (bench_dir / 'cpu_moe.txt').write_text(json.dumps(result) + '\n')
+    compute_budget.main(['tokens', 'time_cpu_moe_shared', str(budgets), str(bench_dir)])
+    compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
+    assert capsys.readouterr().out == f'6019949\n{round(4585000 * 200 / 160)}\n'
+    planned = {'time_cpu_moe': round(4585000 * 200 / 160), 'time_cpu_moe_shared': 6019949}
+    assert json.loads(budgets.read_text()) == planned
+    result['ms_per_step']['moe'] = 100.0
+    (bench_dir / 'cpu_moe.txt').write_text(json.dumps(result) + '\n')
+    compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
+    assert capsys.readouterr().out == f'{planned["time_cpu_moe"]}\n'
+    with pytest.raises(plumbing.UserError, match='not a budget run'):
+        compute_budget.main(['tokens', 'cpu_moe', str(budgets), str(bench_dir)])
+    budgets.write_text('{"time_cpu_moe": 57')  # cut off: not an empty plan to start again from
+    with pytest.raises(plumbing.UserError, match='not valid JSON.*restore it from git'):
+        compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
+    assert budgets.read_text() == '{"time_cpu_moe": 57'
+
+
+def test_the_committed_budgets_are_what_the_committed_runs_trained_for():
+    with open(os.path.join(REPO, 'results', 'cpu', 'compute', 'budgets.json')) as f:
+        budgets = json.load(f)
+    runs = os.path.join(REPO, 'results', 'cpu', 'compute', 'runs')
+    trained = {}
+    for path in glob.glob(f'{runs}/flops_*/config.json') + glob.glob(f'{runs}/time_*/config.json'):
+        with open(path) as f:
+            c = json.load(f)
+        trained.setdefault(c['config_name'], set()).add(c['max_tokens'])
+    assert {name: {tokens} for name, tokens in budgets.items()} == trained
 
 
 def test_a_bench_file_without_the_json_line_is_one_clear_error(tmp_path):

@@ -540,7 +540,7 @@ def test_eval_windows_are_fixed_and_batches_depend_only_on_data_seed_and_step(tm
 # ----------------------------------------------------------------------- learning rate, grouped_mm
 def test_lr_schedule_warms_up_peaks_and_ends_at_min_lr():
     c = types.SimpleNamespace(learning_rate=3e-3, min_lr=3e-4, warmup_frac=0.02, warmup_iters=0)
-    iters = 1120  # the CPU recipe: warmup round(22.4) = 22 steps
+    iters = 1120  # the first protocol's CPU recipe: 2% warmup, round(22.4) = 22 steps
     lrs = [train.lr_at(it, c, iters) for it in range(iters)]
     assert lrs[0] == pytest.approx(3e-3 / 22) and lrs[10] == pytest.approx(3e-3 * 11 / 22)
     # the peak at the last warmup step and again at the first cosine step (progress 0)

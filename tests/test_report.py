@@ -1,13 +1,14 @@
 """report.py on synthetic run folders whose numbers are known exactly."""
 import json
 import math
+import os
 import shutil
 import statistics
 
 import pytest
 
 import report
-from conftest import run
+from conftest import REPO, run
 from plumbing import UserError
 
 # best val losses by config and seed; the eval curves below end at these values
@@ -259,9 +260,13 @@ def test_who_wins_under_which_budget(tmp_path):
     step_ms = {'moe': 40.0, 'dense_total': 50.0, 'dense_active': 30.0}
     (bench_dir / 'cpu_moe.txt').write_text('a table\n' + json.dumps(
         {'ms_per_step': step_ms, 'hardware': 'a CPU', 'torch': '2.x'}) + '\n')
+    # r's quartiles 1.0-1.1 lie below the fixture's k* interval: the MoE loses on time
+    write_ratio(tmp_path / 'ratio', 'alone', 'cpu_moe',
+                {'median': 1.05, 'q1': 1.0, 'q3': 1.1, 'rounds': [1.0, 1.05, 1.1]})
     report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep'),
-                 '--bench', str(bench_dir)])
+                 '--bench', str(bench_dir), '--ratio', str(tmp_path / 'ratio')])
     r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
+    assert [row['verdict'] for row in r['step_time_ratio']] == ['loses']
     moe = r['compute']['cpu_moe']
     assert moe['step_ms'] == {'moe': 40.0, 'dense_total': 50.0, 'hardware': 'a CPU',
                               'torch': '2.x'}
@@ -291,6 +296,7 @@ def test_who_wins_under_which_budget(tmp_path):
     assert set(r['families']) == {'cpu_'}
     assert (tmp_path / 'rep' / 'cpu_moe_budgets.png').exists()
     assert (tmp_path / 'rep' / 'who_wins.png').exists()
+    assert (tmp_path / 'rep' / 'break_even.png').exists()
     text = (tmp_path / 'rep' / 'report.md').read_text()
     row = ('| cpu_moe | equal FLOPs | 0.00M | 1.88 | 3.6e+06 | 2 s '
            '| -0.0050 ± 0.0212 [1 of 2 < 0] | -0.3 | 0 of 2 (+0.0150) |')
@@ -307,6 +313,16 @@ def gap_at_k(k, per_seed):
     gap = {'per_seed': per_seed, 'mean': statistics.mean(per_seed.values()), 'std': 0.0,
            'n': len(per_seed), 'positive': sum(v > 0 for v in per_seed.values()), 't': None}
     return {'k': k, 'vs_dense_total': gap}
+
+
+def test_budget_runs_are_named_by_their_budget_or_their_token_multiplier():
+    assert report.budget_of('time_cpu_moe') == ('time', 'cpu_moe')
+    assert report.budget_of('k1.35_w224_cpu_moe') == ('k1.35', 'w224_cpu_moe')
+    assert report.budget_of('k2_cpu_moe_shared') == ('k2', 'cpu_moe_shared')
+    assert report.budget_of('w224_cpu_moe') == ('tokens', 'w224_cpu_moe')
+    assert report.budget_of('kind_cpu_moe') == ('tokens', 'kind_cpu_moe')
+    assert report.budget_label('k1.2', {'k': 1.2}) == '1.20x the tokens'
+    assert report.budget_label('flops', {'k': 1.5}) == 'equal FLOPs'
 
 
 def test_crossing_is_linear_between_trained_ks_or_says_which_side():
@@ -329,6 +345,101 @@ def test_break_even_k_star_its_interval_and_each_seeds():
     assert [g['k'] for g in b['per_k']] == [1.0, 1.25, 1.5]
     assert b['per_k'][0]['n'] == 3  # each k's own gap, over all of its seeds
     assert report.break_even({'budgets': {'tokens': entry['budgets']['tokens']}}) is None
+
+
+def write_ratio(folder, setting, config, rounds):
+    """A make ratio output: bench.py's table, then its JSON line."""
+    (folder / setting).mkdir(parents=True, exist_ok=True)
+    result = {'ms_per_step': {'moe': 40.0, 'dense_total': 50.0}, 'hardware': 'a CPU',
+              'torch': '2.x', 'dense_total_over_moe_rounds': rounds}
+    (folder / setting / f'{config}.txt').write_text('a table\n' + json.dumps(result) + '\n')
+
+
+def test_step_time_ratios_against_k_star_give_each_machine_a_verdict(tmp_path):
+    rounds = {'median': 1.3, 'q1': 1.25, 'q3': 1.35, 'rounds': [1.2, 1.25, 1.3, 1.35, 1.4]}
+    write_ratio(tmp_path, 'alone', 'cpu_moe', rounds)
+    write_ratio(tmp_path, 'side_by_side', 'cpu_moe_shared', rounds)
+    rows = report.read_ratio_folder(str(tmp_path))
+    assert rows == [{'config': 'cpu_moe', 'setting': 'alone', 'hardware': 'a CPU',
+                     'torch': '2.x', **rounds},
+                    {'config': 'cpu_moe_shared', 'setting': 'side_by_side',
+                     'hardware': 'a CPU', 'torch': '2.x', **rounds}]
+    row = rows[0]
+
+    def trained(low, high, ks=(1.0, 1.5)):
+        return {'k_star': 1.15, 'interval': [low, high], 'per_k': [{'k': k} for k in ks]}
+    # the quartiles 1.25-1.35 against k*'s interval
+    assert report.verdict(row, trained(1.1, 1.2)) == 'wins'
+    assert report.verdict(row, trained(1.3, 1.4)) == 'undecided'
+    assert report.verdict(row, trained(1.2, 1.26)) == 'undecided'
+    assert report.verdict(row, trained(1.4, 1.5)) == 'loses'
+    assert report.verdict(row, None) is None
+    # k* below every trained k (the MoE ahead at all of them): it wins where r is above the first k
+    assert report.verdict(row, trained(-math.inf, -math.inf, ks=(1.2, 1.5))) == 'wins'
+    assert report.verdict(row, trained(-math.inf, -math.inf, ks=(1.3, 1.5))) == 'undecided'
+    assert report.verdict(row, trained(-math.inf, 1.1, ks=(1.2, 1.5))) == 'wins'
+    # and above every trained k: it loses where r is below the last one
+    assert report.verdict(row, trained(math.inf, math.inf, ks=(1.0, 1.4))) == 'loses'
+    assert report.verdict(row, trained(math.inf, math.inf, ks=(1.0, 1.3))) == 'undecided'
+    assert report.interval_within_trained(trained(-math.inf, 1.1, ks=(1.0, 1.5))) == [1.0, 1.1]
+    # a warmup study's k* (w224_cpu_moe) is the one the ratio of cpu_moe is set against
+    entries = {'w224_cpu_moe_shared': trained(1.4, 1.5), 'w224_cpu_moe': trained(1.1, 1.2)}
+    assert report.break_even_name('cpu_moe', entries) == 'w224_cpu_moe'
+    assert report.break_even_name('cpu_moe_sparse16', entries) is None
+    lines = report.ratio_lines([{**row, 'verdict': 'wins'}], entries)
+    assert lines[-1] == ('| cpu_moe | alone | a CPU | 2.x | 5 | 1.300 [1.250-1.350] | '
+                         '1.150 [1.100-1.200] | wins |')
+
+
+def test_ratio_folders_without_ratios_per_round_are_one_clear_error(tmp_path):
+    with pytest.raises(UserError, match='make them with: make ratio'):
+        report.read_ratio_folder(str(tmp_path))
+    (tmp_path / 'alone').mkdir()
+    result = {'ms_per_step': {'moe': 40.0, 'dense_total': 50.0}}
+    (tmp_path / 'alone' / 'cpu_moe.txt').write_text(json.dumps(result) + '\n')
+    with pytest.raises(UserError, match='no step-time ratio per round.*make ratio'):
+        report.read_ratio_folder(str(tmp_path))
+
+
+def write_pair_run(folder, tok_per_s):
+    """A finished run of 10 steps of 100 tokens, logged at steps 5 and 10 at tok_per_s."""
+    folder.mkdir(parents=True)
+    (folder / 'config.json').write_text(json.dumps({'iters': 10, 'cpu': 'a CPU',
+                                                    'torch': '2.x'}))
+    lines = [{'iter': 0, 'tokens': 0, 'val_loss': 5.0},
+             {'iter': 5, 'tokens': 500, 'tok_per_s': tok_per_s},
+             {'iter': 10, 'tokens': 1000, 'tok_per_s': tok_per_s}]
+    (folder / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+    (folder / 'done.json').write_text('{}')
+
+
+def test_whole_runs_side_by_side_give_r_per_pair(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(os.path.join(REPO, 'scripts'))
+    import pair_ratio
+    # the MoE at 1000 tokens/s (1 s for its 10 steps: 100 ms a step) in both pairs; dense_total at
+    # 800 and 500: r 1.25 and 2.0
+    for seed, dense_speed in ((1, 800), (2, 500)):
+        write_pair_run(tmp_path / f'cpu_moe-s{seed}' / 'moe', 1000)
+        write_pair_run(tmp_path / f'cpu_moe-s{seed}' / 'dense_total', dense_speed)
+    pair_ratio.main([str(tmp_path / 'cpu_moe-s1'), str(tmp_path / 'cpu_moe-s2')])
+    out = capsys.readouterr().out
+    result = json.loads(out.splitlines()[-1])
+    ms = result['ms_per_step']
+    assert ms == {'moe': pytest.approx(100.0), 'dense_total': pytest.approx(162.5)}
+    assert (result['hardware'], result['torch']) == ('a CPU', '2.x')
+    r = result['dense_total_over_moe_rounds']
+    assert r['rounds'] == [pytest.approx(1.25), pytest.approx(2.0)]
+    # quartiles by the inclusive rule: within the measured values
+    assert (r['median'], r['q1'], r['q3']) == (pytest.approx(1.625), pytest.approx(1.4375),
+                                               pytest.approx(1.8125))
+    # report.py --ratio reads it as a setting of its own
+    (tmp_path / 'ratio' / 'whole_runs').mkdir(parents=True)
+    (tmp_path / 'ratio' / 'whole_runs' / 'cpu_moe.txt').write_text(out)
+    [row] = report.read_ratio_folder(str(tmp_path / 'ratio'))
+    assert row['setting'] == 'whole_runs' and row['median'] == r['median']
+    (tmp_path / 'cpu_moe-s2' / 'moe' / 'done.json').unlink()
+    with pytest.raises(UserError, match='not a finished run; train the pair with: make ratio'):
+        pair_ratio.main([str(tmp_path / 'cpu_moe-s2')])
 
 
 def test_plotted_curves_share_points_and_leave_out_the_untrained_model():
