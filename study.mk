@@ -227,10 +227,13 @@ WARMUP_SEEDS ?= 1 2 3 4 5
 # the rule's pick: cpu_dense_total's best mean over the sweep (results/cpu/warmup/report.md)
 WARMUP ?= 224
 WARMUP_STUDY_SEEDS ?= 1 2 3 4 5 6 7 8 9 10
+# fresh seeds for the shared expert against dense_total, the test results/cpu/warmup/README.md fixed before them
+WARMUP_REPLICATION_SEEDS ?= 11 12 13 14 15 16 17 18 19 20
 WARMUP_CONFIGS := cpu_dense_total cpu_dense_active cpu_moe
 warmup_runs = $(foreach w,$1,$(foreach c,$2,$(foreach s,$3,out/w$(w)_$(c)-s$(s)/done.json)))
 WARMUP_SWEEP := $(call warmup_runs,$(WARMUPS),$(WARMUP_CONFIGS),$(WARMUP_SEEDS))
-WARMUP_STUDY := $(call warmup_runs,$(WARMUP),$(WARMUP_CONFIGS) cpu_moe_shared,$(WARMUP_STUDY_SEEDS))
+WARMUP_STUDY := $(call warmup_runs,$(WARMUP),$(WARMUP_CONFIGS) cpu_moe_shared,$(WARMUP_STUDY_SEEDS)) \
+	$(call warmup_runs,$(WARMUP),cpu_dense_total cpu_moe_shared,$(WARMUP_REPLICATION_SEEDS))
 WARMUP_BUDGETS := $(foreach b,$(BUDGETS),$(call warmup_runs,$(WARMUP)_b$(b),$(WARMUP_CONFIGS),$(WARMUP_SEEDS)))
 WARMUP_RUNS := $(sort $(WARMUP_SWEEP) $(WARMUP_STUDY))
 # beside them, the 2% runs kept by make study and study2, all on one kind of CPU for each seed's trio: seeds 1-5
