@@ -28,6 +28,11 @@ SWEEP_SEEDS = (1, 2, 3, 4, 5)  # the sweep's seeds: the rule reads cpu_dense_tot
 RULE = ('the warmup (of 22, 56, 112 and 224 steps) with the lowest mean best val loss of '
         'cpu_dense_total over seeds 1-5')
 TRIO = ('cpu_dense_active', 'cpu_moe', 'cpu_dense_total')
+STUDY_SEEDS = tuple(range(1, 11))
+# the shared expert's test on fresh seeds, written down before its runs (README.md): on these
+# seeds alone, a paired t below REPLICATION_T (5%, two-sided, 9 degrees of freedom)
+REPLICATION_SEEDS = tuple(range(11, 21))
+REPLICATION_T = -2.26
 # the routers' first steps, as the plot shows them
 EARLY_STEPS = 300
 NAME = re.compile(r'(?:w(\d+)_)?(?:b(\d+)_)?(cpu_\w+)$')
@@ -43,14 +48,15 @@ def cell_of(name):
     return steps or FRACTION, percent or '100', config
 
 
-def group_cells(runs):
-    """{warmup: {budget: {config: {seed: run}}}} of every run the names place."""
+def group_cells(runs, wanted):
+    """{warmup: {budget: {config: {seed: run}}}} of every run the names place, of the wanted
+    seeds."""
     cells = defaultdict(lambda: defaultdict(dict))
     for name, seeds in runs.items():
         cell = cell_of(name)
-        if cell is not None:
+        if cell is not None and only_seeds(seeds, wanted):
             warmup, budget, config = cell
-            cells[warmup][budget][config] = seeds
+            cells[warmup][budget][config] = only_seeds(seeds, wanted)
     return cells
 
 
@@ -113,8 +119,24 @@ def early_curves(seeds, key):
     return out
 
 
+def replication(runs, chosen):
+    """The shared expert against dense_total at the chosen warmup on the fresh seeds alone, and
+    on every seed pooled; None before both configs have a fresh seed."""
+    fresh = group_cells(runs, REPLICATION_SEEDS).get(chosen, {}).get('100', {})
+    pooled = group_cells(runs, STUDY_SEEDS + REPLICATION_SEEDS).get(chosen, {}).get('100', {})
+    shared, dense = 'cpu_moe_shared', 'cpu_dense_total'
+    if shared not in fresh or dense not in fresh:
+        return None
+    gap = gap_entry(fresh[shared], fresh[dense])
+    complete = gap['n'] == len(REPLICATION_SEEDS)
+    return {'seeds': list(REPLICATION_SEEDS), 'rule_t': REPLICATION_T,
+            'configs': {name: config_entry(fresh[name]) for name in (shared, dense)},
+            'vs_dense_total': gap, 'pooled': gap_entry(pooled[shared], pooled[dense]),
+            'established': complete and gap['t'] is not None and gap['t'] < REPLICATION_T}
+
+
 def summarise(runs, chosen):
-    cells = group_cells(runs)
+    cells = group_cells(runs, STUDY_SEEDS)
     picked, means = pick(cells)
     out = {'rule': RULE, 'dense_total_means': means, 'picked': picked, 'chosen': chosen,
            'cells': {}}
@@ -129,6 +151,7 @@ def summarise(runs, chosen):
                  if name in TRIO}
         if sweep:
             out['sweep'][warmup] = summarise_cell(sweep)
+    out['replication'] = replication(runs, chosen)
     # the routers' first steps: cpu_moe under the recipe's warmup and the chosen one
     out['early'] = {}
     for warmup in (FRACTION, chosen):
@@ -236,6 +259,26 @@ def budget_lines(cells, chosen):
     return lines + ['']
 
 
+def replication_lines(r):
+    seeds = f'seeds {r["seeds"][0]}-{r["seeds"][-1]}'
+    gap = r['vs_dense_total']
+    if gap['n'] < len(r['seeds']):
+        verdict = f'not decided yet: {gap["n"]} of {len(r["seeds"])} seeds'
+    elif r['established']:
+        verdict = f'yes: t {gap["t"]:+.2f} < {r["rule_t"]}'
+    else:
+        verdict = f'no: t {gap["t"]:+.2f} is not below {r["rule_t"]}'
+    shared, dense = (report.mean_pm_std(r['configs'][name]['mean'], r['configs'][name]['std'])
+                     for name in ('cpu_moe_shared', 'cpu_dense_total'))
+    return ['## The replication: cpu_moe_shared against cpu_dense_total on fresh seeds', '',
+            f'Written down before its runs: the shared expert beats dense_total at equal tokens if '
+            f'its paired gap on {seeds} alone has t below {r["rule_t"]}.', '',
+            '| seeds | cpu_moe_shared | cpu_dense_total | cpu_moe_shared - dense_total | '
+            'beats dense_total |', '|---|---|---|---|---|',
+            f'| {seeds} | {shared} | {dense} | {gap_text(gap)} | {verdict} |',
+            f'| all, pooled after looking | | | {gap_text(r["pooled"])} | |', '']
+
+
 def markdown(summary, warnings, plot_name):
     lines = ['# The CPU study under a warmup fixed in steps', '',
              'Best val loss, mean ± std over seeds; gaps seed-paired, mean ± std [seeds > 0 of '
@@ -244,6 +287,8 @@ def markdown(summary, warnings, plot_name):
     lines += sweep_lines(summary['sweep'])
     lines += study_lines(summary['cells'], summary['chosen'])
     lines += budget_lines(summary['cells'], summary['chosen'])
+    if summary['replication']:
+        lines += replication_lines(summary['replication'])
     if plot_name:
         lines += [f'![cpu_moe\'s first {EARLY_STEPS} steps]({plot_name})', '']
     if warnings:

@@ -14,7 +14,7 @@ BASE = {'2%': {'cpu_dense_active': 1.30, 'cpu_moe': 1.28, 'cpu_dense_total': 1.2
         '112': {'cpu_dense_active': 1.28, 'cpu_moe': 1.22, 'cpu_dense_total': 1.210},
         '224': {'cpu_dense_active': 1.28, 'cpu_moe': 1.19, 'cpu_dense_total': 1.215}}
 SIZES = {'cpu_moe': (270, 160, True), 'cpu_dense_active': (160, 160, False),
-         'cpu_dense_total': (271, 271, False)}
+         'cpu_dense_total': (271, 271, False), 'cpu_moe_shared': (270, 160, True)}
 
 
 def best(warmup, config, seed):
@@ -113,3 +113,38 @@ def test_no_pick_while_a_warmup_lacks_a_seed(sweep):
     r, text = report(sweep)
     assert r['picked'] is None and '56' not in r['dense_total_means']
     assert 'not yet' in text and '| 1.2225 ± 0.0013 (4 seeds) |' in text  # seeds 1-4 at 56
+
+
+def test_the_replication_on_fresh_seeds_is_judged_alone_and_pooled_apart(sweep):
+    # seeds 1-5 from the fixture: shared = dense_total exactly (gap 0); seeds 11-20: the shared
+    # expert ahead by 0.010 +- a spread of 0.002, so t is far below -2.26
+    for seed in SEEDS:
+        add_run(sweep, 'w112_cpu_moe_shared', seed, best('112', 'cpu_dense_total', seed),
+                warmup_iters=112)
+    fresh = range(11, 21)
+    for seed in fresh:
+        dense = 1.2 + 0.001 * seed
+        shared = dense - 0.010 + (0.002 if seed % 2 else -0.002)
+        add_run(sweep, 'w112_cpu_dense_total', seed, dense, warmup_iters=112)
+        add_run(sweep, 'w112_cpu_moe_shared', seed, shared, warmup_iters=112)
+    r, text = report(sweep)
+    rep = r['replication']
+    gaps = [-0.010 + (0.002 if s % 2 else -0.002) for s in fresh]
+    assert rep['vs_dense_total']['mean'] == pytest.approx(-0.010)
+    assert rep['vs_dense_total']['n'] == 10 and rep['vs_dense_total']['positive'] == 0
+    t = statistics.mean(gaps) / (statistics.stdev(gaps) / 10 ** 0.5)
+    assert rep['vs_dense_total']['t'] == pytest.approx(t) and rep['established'] is True
+    # pooled: 5 seeds at 0 and 10 at -0.010
+    assert rep['pooled']['n'] == 15 and rep['pooled']['mean'] == pytest.approx(-0.010 * 10 / 15)
+    # the study's own cells keep seeds 1-10: the fresh seeds are not in them
+    assert r['cells']['112']['100']['configs']['cpu_dense_total']['n'] == 5
+    assert f'yes: t {t:+.2f} < -2.26' in text
+
+
+def test_a_replication_short_of_seeds_is_not_decided(sweep):
+    for seed in (11, 12):
+        add_run(sweep, 'w112_cpu_dense_total', seed, 1.21, warmup_iters=112)
+        add_run(sweep, 'w112_cpu_moe_shared', seed, 1.20 + 0.001 * seed, warmup_iters=112)
+    r, text = report(sweep)
+    assert r['replication']['established'] is False
+    assert 'not decided yet: 2 of 10 seeds' in text
