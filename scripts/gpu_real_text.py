@@ -7,7 +7,8 @@ It writes five JSON files into --out, each rewritten as its part goes on:
   real_text.json        1. the CPU recipe on the GPU: cpu_moe, cpu_dense_active, cpu_dense_total,
                            seeds 1-5 in order, fp32 and bf16, --slots train.py processes side by
                            side; each seed's best val loss next to the committed CPU run's
-                           (results/cpu/runs), a paired t; the runs killed or never started
+                           (results/cpu/warmup/runs: the recipe's warmup), a paired t; the runs
+                           killed or never started
   paper_real_text.json  2. the paper configs on GPT-2 tokens of the same stories, compiled, bf16,
                            100 steps: the losses; moe stopped halfway and resumed, against a
                            straight run; sample.py; export_hf.py and transformers' logits
@@ -319,11 +320,16 @@ def check_cpu_data(args):
             'val_tokens': meta.get('val_tokens'), 'same_as_committed_runs': same}
 
 
+def committed_cpu_run(config, seed):
+    """The committed CPU run of a config under the recipe's warmup: make warmup's w<steps>_ runs."""
+    warmup = train.configure([f'config/{config}.py']).warmup_iters
+    return os.path.join(REPO, 'results', 'cpu', 'warmup', 'runs', f'w{warmup}_{config}-s{seed}')
+
+
 def cpu_recipe_on_gpu(args):
     """Part 1 -> real_text.json, rewritten as each run ends."""
-    committed = os.path.join(REPO, 'results', 'cpu', 'runs')
-    on_cpu = {config: {s: best_val(os.path.join(committed, f'{config}-s{s}'))
-                       for s in args.seeds} for config in CPU_CONFIGS}
+    on_cpu = {config: {s: best_val(committed_cpu_run(config, s)) for s in args.seeds}
+              for config in CPU_CONFIGS}
     result = {
         'device': args.device, 'hardware': args.hardware, 'torch': torch.__version__,
         'tiny': args.tiny, 'seeds': args.seeds, 'slots': args.slots, 'compile': False,

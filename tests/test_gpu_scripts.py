@@ -106,7 +106,8 @@ def test_cpu_recipe_seeds_sit_next_to_the_committed_runs(dry_run):
     assert r['not_started'] == [] and r['slots'] == 2
     assert r['compile'] is False and not r['data']['same_as_committed_runs']
     committed = [json.loads(line) for line in
-                 open(os.path.join(REPO, 'results', 'cpu', 'runs', 'cpu_moe-s1', 'log.jsonl'))]
+                 open(os.path.join(REPO, 'results', 'cpu', 'warmup', 'runs', 'w224_cpu_moe-s1',
+                                   'log.jsonl'))]
     best = min(record['val_loss'] for record in committed if 'val_loss' in record)
     for dtype in ('float32', 'bfloat16'):
         for config in ('cpu_moe', 'cpu_dense_active', 'cpu_dense_total'):
