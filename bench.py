@@ -132,18 +132,23 @@ def paired_ratio_quartiles(times, reference_times):
     return q1, q3
 
 
+def spread(ratios):
+    """Measured ratios as a distribution: {median, q1, q3, rounds}, the quartiles by the inclusive
+    rule (within the measured values, as few as there are)."""
+    if len(ratios) == 1:
+        q1 = q3 = ratios[0]
+    else:
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method='inclusive')
+    return {'median': statistics.median(ratios), 'q1': q1, 'q3': q3, 'rounds': ratios}
+
+
 def round_ratios(times, reference_times, rounds):
     """The step-time ratio reference / model as a distribution over the rounds: each round's
     median step of the reference over the model's. What a machine charges moves with its load, so
-    one ratio of medians hides how far apart two measurements can fall: {median, q1, q3, rounds}."""
+    one ratio of medians hides how far apart two measurements can fall."""
     steps = len(times) // rounds
-    per_round = [statistics.median(reference_times[i * steps:(i + 1) * steps])
-                 / statistics.median(times[i * steps:(i + 1) * steps]) for i in range(rounds)]
-    if rounds == 1:
-        q1 = q3 = per_round[0]
-    else:
-        q1, _, q3 = statistics.quantiles(per_round, n=4, method='inclusive')
-    return {'median': statistics.median(per_round), 'q1': q1, 'q3': q3, 'rounds': per_round}
+    return spread([statistics.median(reference_times[i * steps:(i + 1) * steps])
+                   / statistics.median(times[i * steps:(i + 1) * steps]) for i in range(rounds)])
 
 
 def print_profile_difference(models, batches, step, top=15):

@@ -12,6 +12,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench  # noqa: E402
 import report  # noqa: E402
 from plumbing import UserError, one_line_errors  # noqa: E402
 
@@ -46,15 +47,10 @@ def pair_ratios(pairs):
     if len(machines) > 1:
         raise UserError(f'the pairs ran on {len(machines)} machines or torch versions: '
                         f'{sorted(machines, key=str)}; give the pairs of one machine')
-    if len(ratios) == 1:
-        q1 = q3 = ratios[0]
-    else:
-        q1, _, q3 = statistics.quantiles(ratios, n=4, method='inclusive')
     return {'ms_per_step': {'moe': statistics.median(moe_ms),
                             'dense_total': statistics.median(dense_ms)},
             'hardware': config.get('cpu'), 'torch': config.get('torch'),
-            'dense_total_over_moe_rounds': {'median': statistics.median(ratios), 'q1': q1,
-                                            'q3': q3, 'rounds': ratios}}
+            'dense_total_over_moe_rounds': bench.spread(ratios)}
 
 
 def main(argv):
