@@ -711,11 +711,13 @@ def break_even_lines(break_even):
 def ratio_lines(ratios, break_even):
     """The verdict table: each measured r beside its MoE's k*."""
     lines = ['', '## Where an MoE wins on time: r against k*', '',
-             'r: cpu_dense_total\'s step time over the MoE\'s (bench.py, one thread, the models '
-             'interleaved step by step), median and quartiles over rounds. The MoE wins on time '
+             'r: cpu_dense_total\'s step time over the MoE\'s, one thread each, median and '
+             'quartiles over rounds: bench.py\'s rounds, the models interleaved step by step '
+             '(alone, side by side, paper width), or pairs of whole runs started together '
+             '(whole runs). The MoE wins on time '
              'where r\'s quartiles lie above k*\'s 90% interval, loses where they lie below it; '
              'undecided where they overlap.', '',
-             '| MoE | setting | machine | torch | rounds | r: median [q1-q3] | k* [90%] | '
+             '| MoE | setting | machine | torch | rounds or pairs | r: median [q1-q3] | k* [90%] | '
              'on time |',
              '|---|---|---|---|---|---|---|---|']
     for row in ratios:
@@ -877,10 +879,16 @@ def plot(summary, runs, out_dir):
     return written
 
 
+# how the break-even plot draws each setting's step-time ratio r
+RATIO_LINESTYLES = {'alone': ':', 'side_by_side': '--', 'whole_runs': '-.',
+                    'paper_width': (0, (1, 4))}
+
+
 def plot_break_even(plt, break_even, ratios, out_dir):
     """Each MoE's gap to its dense_total against k: the seed mean as a line with its standard
     error as a band, each seed as a dot, k*'s 90% interval as a bar on the zero line, and each
-    measured step-time ratio r as a dotted line (its quartiles shaded)."""
+    measured step-time ratio r as a vertical line in its MoE's colour, a line style per setting
+    (its quartiles shaded)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {}
     measured = {name: b for name, b in break_even.items() if b}
@@ -897,11 +905,18 @@ def plot_break_even(plt, break_even, ratios, out_dir):
             ax.plot([g['k']] * len(g['per_seed']), list(g['per_seed'].values()), '.',
                     color=colors[name], ms=3)
         ax.plot(interval_within_trained(b), [0, 0], color=colors[name], lw=5, alpha=0.5)
+    settings = []
     for row in ratios:
         color = colors.get(break_even_name(row['config'], colors), 'gray')
-        ax.axvline(row['median'], color=color, ls=':', lw=1.2,
-                   label=f'r, {row["config"]}, {row["setting"]}')
+        style = RATIO_LINESTYLES.get(row['setting'], ':')
+        ax.axvline(row['median'], color=color, ls=style, lw=1.2)
         ax.axvspan(row['q1'], row['q3'], color=color, alpha=0.08)
+        if row['setting'] not in settings:
+            settings.append(row['setting'])
+    # one legend entry per setting: the colour already says which MoE an r belongs to
+    for setting in settings:
+        style = RATIO_LINESTYLES.get(setting, ':')
+        ax.plot([], [], color='gray', ls=style, lw=1.2, label=f'r, {setting}')
     ax.axhline(0, color='gray', lw=0.8)
     ax.set(xlabel='k: the MoE\'s training tokens / dense_total\'s',
            ylabel='MoE - dense_total, best val loss',
