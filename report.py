@@ -880,15 +880,14 @@ def plot(summary, runs, out_dir):
 
 
 # how the break-even plot draws each setting's step-time ratio r
-RATIO_LINESTYLES = {'alone': ':', 'side_by_side': '--', 'whole_runs': '-.',
-                    'paper_width': (0, (1, 4))}
+RATIO_LINESTYLES = {'alone': ':', 'side_by_side': '--', 'whole_runs': '-.'}
 
 
 def plot_break_even(plt, break_even, ratios, out_dir):
     """Each MoE's gap to its dense_total against k: the seed mean as a line with its standard
     error as a band, each seed as a dot, k*'s 90% interval as a bar on the zero line, and each
-    measured step-time ratio r as a vertical line in its MoE's colour, a line style per setting
-    (its quartiles shaded)."""
+    step-time ratio r measured for an MoE with a k* as a vertical line in its MoE's colour, a line
+    style per setting (its quartiles shaded)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {}
     measured = {name: b for name, b in break_even.items() if b}
@@ -907,7 +906,10 @@ def plot_break_even(plt, break_even, ratios, out_dir):
         ax.plot(interval_within_trained(b), [0, 0], color=colors[name], lw=5, alpha=0.5)
     settings = []
     for row in ratios:
-        color = colors.get(break_even_name(row['config'], colors), 'gray')
+        name = break_even_name(row['config'], colors)
+        if name is None:
+            continue  # an r with no k* to set it against here: in the verdict table only
+        color = colors[name]
         style = RATIO_LINESTYLES.get(row['setting'], ':')
         ax.axvline(row['median'], color=color, ls=style, lw=1.2)
         ax.axvspan(row['q1'], row['q3'], color=color, alpha=0.08)

@@ -263,10 +263,13 @@ def test_who_wins_under_which_budget(tmp_path):
     # r's quartiles 1.0-1.1 lie below the fixture's k* interval: the MoE loses on time
     write_ratio(tmp_path / 'ratio', 'alone', 'cpu_moe',
                 {'median': 1.05, 'q1': 1.0, 'q3': 1.1, 'rounds': [1.0, 1.05, 1.1]})
+    # an r with no k* here: in the table without a verdict, and left out of the plot
+    write_ratio(tmp_path / 'ratio', 'paper_width', 'cpu_moe_d160',
+                {'median': 2.0, 'q1': 1.9, 'q3': 2.1, 'rounds': [1.9, 2.0, 2.1]})
     report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep'),
                  '--bench', str(bench_dir), '--ratio', str(tmp_path / 'ratio')])
     r = json.loads((tmp_path / 'rep' / 'report.json').read_text())
-    assert [row['verdict'] for row in r['step_time_ratio']] == ['loses']
+    assert [row['verdict'] for row in r['step_time_ratio']] == ['loses', None]
     moe = r['compute']['cpu_moe']
     assert moe['step_ms'] == {'moe': 40.0, 'dense_total': 50.0, 'hardware': 'a CPU',
                               'torch': '2.x'}
