@@ -713,10 +713,9 @@ def ratio_lines(ratios, break_even):
     lines = ['', '## Where an MoE wins on time: r against k*', '',
              'r: cpu_dense_total\'s step time over the MoE\'s, one thread each, median and '
              'quartiles over rounds: bench.py\'s rounds, the models interleaved step by step '
-             '(alone, side by side, paper width), or pairs of whole runs started together '
-             '(whole runs). The MoE wins on time '
-             'where r\'s quartiles lie above k*\'s 90% interval, loses where they lie below it; '
-             'undecided where they overlap.', '',
+             '(alone, side by side, paper width), or pairs of whole runs started together (whole '
+             'runs). The MoE wins on time where r\'s quartiles lie above k*\'s 90% interval, '
+             'loses where they lie below it; undecided where they overlap.', '',
              '| MoE | setting | machine | torch | rounds or pairs | r: median [q1-q3] | k* [90%] | '
              'on time |',
              '|---|---|---|---|---|---|---|---|']
@@ -879,8 +878,20 @@ def plot(summary, runs, out_dir):
     return written
 
 
-# how the break-even plot draws each setting's step-time ratio r
+# how the break-even plot draws each setting's step-time ratio r; sparse dots for any other
 RATIO_LINESTYLES = {'alone': ':', 'side_by_side': '--', 'whole_runs': '-.'}
+OTHER_RATIO_LINESTYLE = (0, (1, 4))
+
+
+def ratios_with_k_star(ratios, names):
+    """(name, row) for each step-time ratio measured for an MoE whose k* goes by a name among
+    names: a ratio with no k* has nothing to be set against on the plot (the table keeps it)."""
+    pairs = []
+    for row in ratios:
+        name = break_even_name(row['config'], names)
+        if name is not None:
+            pairs.append((name, row))
+    return pairs
 
 
 def plot_break_even(plt, break_even, ratios, out_dir):
@@ -905,19 +916,15 @@ def plot_break_even(plt, break_even, ratios, out_dir):
                     color=colors[name], ms=3)
         ax.plot(interval_within_trained(b), [0, 0], color=colors[name], lw=5, alpha=0.5)
     settings = []
-    for row in ratios:
-        name = break_even_name(row['config'], colors)
-        if name is None:
-            continue  # an r with no k* to set it against here: in the verdict table only
-        color = colors[name]
-        style = RATIO_LINESTYLES.get(row['setting'], ':')
-        ax.axvline(row['median'], color=color, ls=style, lw=1.2)
-        ax.axvspan(row['q1'], row['q3'], color=color, alpha=0.08)
+    for name, row in ratios_with_k_star(ratios, colors):
+        style = RATIO_LINESTYLES.get(row['setting'], OTHER_RATIO_LINESTYLE)
+        ax.axvline(row['median'], color=colors[name], ls=style, lw=1.2)
+        ax.axvspan(row['q1'], row['q3'], color=colors[name], alpha=0.08)
         if row['setting'] not in settings:
             settings.append(row['setting'])
     # one legend entry per setting: the colour already says which MoE an r belongs to
     for setting in settings:
-        style = RATIO_LINESTYLES.get(setting, ':')
+        style = RATIO_LINESTYLES.get(setting, OTHER_RATIO_LINESTYLE)
         ax.plot([], [], color='gray', ls=style, lw=1.2, label=f'r, {setting}')
     ax.axhline(0, color='gray', lw=0.8)
     ax.set(xlabel='k: the MoE\'s training tokens / dense_total\'s',

@@ -263,7 +263,7 @@ def test_who_wins_under_which_budget(tmp_path):
     # r's quartiles 1.0-1.1 lie below the fixture's k* interval: the MoE loses on time
     write_ratio(tmp_path / 'ratio', 'alone', 'cpu_moe',
                 {'median': 1.05, 'q1': 1.0, 'q3': 1.1, 'rounds': [1.0, 1.05, 1.1]})
-    # an r with no k* here: in the table without a verdict, and left out of the plot
+    # an r with no k* here: in the table without a verdict
     write_ratio(tmp_path / 'ratio', 'paper_width', 'cpu_moe_d160',
                 {'median': 2.0, 'q1': 1.9, 'q3': 2.1, 'rounds': [1.9, 2.0, 2.1]})
     report.main([str(tmp_path / 'out' / '*'), '--out', str(tmp_path / 'rep'),
@@ -304,6 +304,8 @@ def test_who_wins_under_which_budget(tmp_path):
     row = ('| cpu_moe | equal FLOPs | 0.00M | 1.88 | 3.6e+06 | 2 s '
            '| -0.0050 ± 0.0212 [1 of 2 < 0] | -0.3 | 0 of 2 (+0.0150) |')
     assert row in text
+    assert ('| cpu_moe_d160 | paper_width | a CPU | 2.x | 3 | 2.000 [1.900-2.100] | - | - |'
+            in text)
     assert ('- cpu_moe: 40.0 ms a step, its dense_total 50.0 ms (1.250x); a CPU, torch 2.x. Its '
             'equal-time runs trained for 1.250x the tokens. The fastest logged training intervals: '
             '50.0 and 100.0 ms (2.000x).') in text
@@ -389,6 +391,11 @@ def test_step_time_ratios_against_k_star_give_each_machine_a_verdict(tmp_path):
     entries = {'w224_cpu_moe_shared': trained(1.4, 1.5), 'w224_cpu_moe': trained(1.1, 1.2)}
     assert report.break_even_name('cpu_moe', entries) == 'w224_cpu_moe'
     assert report.break_even_name('cpu_moe_sparse16', entries) is None
+    # the plot draws an r only beside its MoE's k*: without one, cpu_moe_shared's is left out
+    assert report.ratios_with_k_star(rows, entries) == [('w224_cpu_moe', row),
+                                                        ('w224_cpu_moe_shared', rows[1])]
+    only_moe = {'w224_cpu_moe': entries['w224_cpu_moe']}
+    assert report.ratios_with_k_star(rows, only_moe) == [('w224_cpu_moe', row)]
     lines = report.ratio_lines([{**row, 'verdict': 'wins'}], entries)
     assert lines[-1] == ('| cpu_moe | alone | a CPU | 2.x | 5 | 1.300 [1.250-1.350] | '
                          '1.150 [1.100-1.200] | wins |')
