@@ -915,16 +915,14 @@ def plot_break_even(plt, break_even, ratios, out_dir):
             ax.plot([g['k']] * len(g['per_seed']), list(g['per_seed'].values()), '.',
                     color=colors[name], ms=3)
         ax.plot(interval_within_trained(b), [0, 0], color=colors[name], lw=5, alpha=0.5)
-    settings = []
+    styles = {}  # setting -> line style, in the order the settings first appear
     for name, row in ratios_with_k_star(ratios, colors):
         style = RATIO_LINESTYLES.get(row['setting'], OTHER_RATIO_LINESTYLE)
+        styles[row['setting']] = style
         ax.axvline(row['median'], color=colors[name], ls=style, lw=1.2)
         ax.axvspan(row['q1'], row['q3'], color=colors[name], alpha=0.08)
-        if row['setting'] not in settings:
-            settings.append(row['setting'])
     # one legend entry per setting: the colour already says which MoE an r belongs to
-    for setting in settings:
-        style = RATIO_LINESTYLES.get(setting, OTHER_RATIO_LINESTYLE)
+    for setting, style in styles.items():
         ax.plot([], [], color='gray', ls=style, lw=1.2, label=f'r, {setting}')
     ax.axhline(0, color='gray', lw=0.8)
     ax.set(xlabel='k: the MoE\'s training tokens / dense_total\'s',

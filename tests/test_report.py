@@ -391,7 +391,7 @@ def test_step_time_ratios_against_k_star_give_each_machine_a_verdict(tmp_path):
     entries = {'w224_cpu_moe_shared': trained(1.4, 1.5), 'w224_cpu_moe': trained(1.1, 1.2)}
     assert report.break_even_name('cpu_moe', entries) == 'w224_cpu_moe'
     assert report.break_even_name('cpu_moe_sparse16', entries) is None
-    # the plot draws an r only beside its MoE's k*: without one, cpu_moe_shared's is left out
+    # the plot draws an r only beside its MoE's k*: given cpu_moe's alone, cpu_moe_shared's is out
     assert report.ratios_with_k_star(rows, entries) == [('w224_cpu_moe', row),
                                                         ('w224_cpu_moe_shared', rows[1])]
     only_moe = {'w224_cpu_moe': entries['w224_cpu_moe']}
