@@ -377,10 +377,12 @@ def variants(runs, warn):
 
 def dense_total_of(config, runs):
     """The dense_total an MoE config is matched to: its family's (cpu_moe -> cpu_dense_total),
-    or for a variant its base MoE's (cpu_moe_shared -> cpu_dense_total); None if not in runs."""
-    moes = [name for name in runs if role_of(name)[1] == 'moe']
-    base = max((b for b in moes if config == b or config.startswith(b + '_')), key=len,
-               default=None)
+    or for a variant its base MoE's (cpu_moe_shared -> cpu_dense_total, read from the name, so
+    the base MoE's own runs need not be given); None if that dense_total is not in runs."""
+    words = config.split('_')
+    # the longest leading words that name an MoE: cpu_moe for cpu_moe_shared
+    prefixes = ['_'.join(words[:n]) for n in range(len(words), 0, -1)]
+    base = next((p for p in prefixes if role_of(p)[1] == 'moe'), None)
     if base is None:
         return None
     dense = role_of(base)[0] + 'dense_total'

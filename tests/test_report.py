@@ -597,3 +597,11 @@ def test_val_at_step_bias_pairs_a_shorter_plan_with_the_longer_run_at_its_tokens
     assert 'ended worse in 1 of 1 pairs: +0.0975' in capsys.readouterr().out
     with pytest.raises(UserError, match='no config has runs planned for two budgets'):
         val_at_step.main(['--bias', str(tmp_path / 'cpu_moe')])
+
+
+def test_a_variant_is_matched_to_its_familys_dense_total_without_its_base_moes_runs():
+    runs = {'w224_cpu_moe_shared': {}, 'w224_cpu_dense_total': {}, 'cpu_dense_total': {}}
+    assert report.dense_total_of('w224_cpu_moe_shared', runs) == 'w224_cpu_dense_total'
+    assert report.dense_total_of('cpu_moe', runs) == 'cpu_dense_total'
+    assert report.dense_total_of('cpu_moe_shared', {'cpu_moe_shared': {}}) is None
+    assert report.dense_total_of('cpu_dense_active', runs) is None
