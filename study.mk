@@ -289,3 +289,21 @@ $(BREAK_EVEN_RUNS): out/k%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call k_config,$*).py --seed=$(call budget_seed,$*) --warmup_iters=$(WARMUP) \
 		--max_tokens=$$($(PYTHON) -c 'print(round($(RECIPE_TOKENS) * $(call k_of,$*)))') \
 		--config_name=k$(call budget_config,$*) $(if $(wildcard out/k$*/log.jsonl),--resume=True)
+
+# make claims: the paper's ablations and the activation rate under the CPU recipe (224 warmup steps, the
+# recipe's tokens), on CLAIM_SEEDS, each paired with make warmup's trio of the same seeds (one kind of CPU, one
+# thread a run). The ablations at cpu_moe's layout (4 x 88): top-1 with and without balancing, top-2 without the
+# z-loss, top-2 without balancing. The activation rate at cpu_moe's total FFN size: 8 experts x 44 at top-k 1,
+# 2, 4 and 8 (k = 8 runs every expert on every token: no sparsity). -> results/cpu/claims
+CLAIM_SEEDS ?= 1 2 3 4 5 6 7 8 9 10
+CLAIM_ABLATIONS := cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz cpu_moe_nolb
+CLAIM_ACTIVATION := cpu_moe_fine8_top1 cpu_moe_fine8_top2 cpu_moe_fine8 cpu_moe_fine8_top8
+CLAIM_RUNS := $(call warmup_runs,$(WARMUP),$(CLAIM_ABLATIONS) $(CLAIM_ACTIVATION),$(CLAIM_SEEDS))
+# the shared expert against dense_total on fresh seeds, under the criterion fixed before their runs in
+# results/cpu/shared_preregistration.md -> results/cpu/shared
+SHARED_SEEDS ?= $(shell seq 21 50)
+SHARED_RUNS := $(call warmup_runs,$(WARMUP),cpu_dense_total cpu_moe_shared,$(SHARED_SEEDS))
+$(CLAIM_RUNS) $(SHARED_RUNS): out/w%/done.json: | data/tinystories_bytes/meta.json
+	$(WARMUP_TRAIN)
+claims_runs: $(CLAIM_RUNS)
+shared_runs: $(SHARED_RUNS)

@@ -1,0 +1,4 @@
+# Activation rate, CPU scale: 8 experts x 44 (cpu_moe's total FFN size, as cpu_moe_fine8), top-2.
+from config.cpu_moe_fine8 import *
+
+top_k = 2
