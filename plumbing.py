@@ -1,9 +1,10 @@
 """
 What train.py needs to run but a reader of the method does not: the one error path for mistakes
 a user can fix, the device and its precision, atomic files, checkpoints (loading them safely,
-checking and restoring a resumed run), the run's files and log, its speed and MFU, and the stop on
-a loss that is not finite. Nothing here knows the model; train.py, sample.py, export_hf.py,
-bench.py and prepare.py import from it, as they import configurator.py.
+checking and restoring a resumed run), the run's files and log, its speed and MFU, the stop on a
+loss that is not finite, the routing statistics a run logs, and gather_rows: the MoE's row gather
+with a faster backward. Nothing here knows the model; train.py, sample.py, export_hf.py, bench.py
+and prepare.py import from it, as they import configurator.py.
 """
 import contextlib
 import datetime
@@ -151,6 +152,64 @@ def to_device(batch, device):
     if device.type == 'cuda':
         return batch.pin_memory().to(device, non_blocking=True)
     return batch.to(device)
+
+
+# ----------------------------------------------------------------------------- speed
+class GatherRows(torch.autograd.Function):
+    """gather_rows(x, rows, inverse) = x[rows], where rows = perm % len(x) for a permutation perm of
+    copies * len(x) positions, and inverse is perm's inverse permutation (perm[inverse[i]] = i):
+    each row of x comes out `copies` times. train.py's MoE dispatch uses it twice, with
+    group_by_expert's order and slot, which are inverse permutations: to copy each token's row to
+    its k experts (perm = order, inverse = slot, copies = k), and to put the experts' rows back
+    (perm = slot, inverse = order, copies = 1).
+
+    Why not plain x[rows]: its backward scatter-adds each row's gradient into place, which compiled
+    CPU code does with atomic adds, slowly. Knowing the inverse, the backward can be a gather
+    instead: the gradient rows in inverse order, then the copies of each row summed."""
+
+    @staticmethod
+    def forward(ctx, x, rows, inverse):
+        ctx.save_for_backward(inverse)
+        ctx.n_rows = x.shape[0]
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inverse, = ctx.saved_tensors
+        grad = grad.index_select(0, inverse)  # row i: the gradient of the row perm put at i
+        if grad.shape[0] > ctx.n_rows:  # copies > 1: copy c of row t is row c * n_rows + t
+            grad = grad.view(-1, ctx.n_rows, grad.shape[-1]).sum(dim=0)
+        return grad, None, None
+
+
+gather_rows = GatherRows.apply
+
+
+# ----------------------------------------------------------------------------- routing statistics
+def routing_row(load, entropy, log_z):
+    """One MoE layer's routing statistics as one row: [load_0 .. load_E-1, entropy, log_z]. One
+    tensor per layer, so the statistics cost one host sync to log and one op to average."""
+    return torch.cat([load, entropy.view(1), log_z.view(1)])
+
+
+def unpack_routing(rows):
+    """routing_row's inverse, for one row or a stack of them: -> load, entropy, log_z."""
+    return rows[..., :-2], rows[..., -2], rows[..., -1]
+
+
+def routing_stats(rows):
+    """Routing health from one routing row per layer, per layer and as the mean over layers.
+    busiest_frac = max_i load_i: 1/n_experts is perfect balance; 1/top_k, its ceiling, a collapsed
+    router that sends every token to the same experts (1.0 at top-1)."""
+    load, entropy, log_z = unpack_routing(rows.cpu())  # one host sync
+    layers = [{'load': layer_load.tolist(), 'busiest_frac': layer_load.max().item(),
+               'usage_var': layer_load.var(unbiased=False).item(),
+               'router_entropy': layer_entropy.item(), 'log_z': layer_log_z.item()}
+              for layer_load, layer_entropy, layer_log_z in zip(load, entropy, log_z)]
+    mean = {key: sum(layer[key] for layer in layers) / len(layers)
+            for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
+    # dropped_frac: the share of assignments no expert ran; the dispatch is dropless
+    return {'load': load.mean(dim=0).tolist(), **mean, 'dropped_frac': 0.0, 'layers': layers}
 
 
 # ----------------------------------------------------------------------------- files
@@ -370,8 +429,18 @@ class Meter:
 
 
 # ----------------------------------------------------------------------------- the console and DDP
+def moe_layout(c):
+    """The MoE a config describes, in words: its own FFN, or the one a matched dense model is sized
+    to (a dense config carries that MoE's n_experts, moe_hidden, top_k and shared_hidden)."""
+    layout = f'{c.n_experts} experts x {c.moe_hidden}, top-{c.top_k}'
+    if c.shared_hidden:
+        layout += f', shared expert {c.shared_hidden}'
+    return layout
+
+
 def print_run_header(c, params, iters, tokens_per_iter, device, use_compile, world, resumed_at):
-    """The first line of a run: its size, its length, where it runs, and whether it resumed."""
+    """The first line of a run: its size, its length, where it runs, and whether it resumed. Then
+    what a reader could miss: the MoE a dense model was matched to, a warmup that never ends."""
     how = f'{device.type} {pick_dtype(c, device)}'
     if use_compile:
         how += ' compiled'
@@ -384,27 +453,34 @@ def print_run_header(c, params, iters, tokens_per_iter, device, use_compile, wor
         how += ', nothing to resume'
     print(f'{c.config_name}: {params["total"] / 1e6:.3f}M params ({params["active"] / 1e6:.3f}M '
           f'active), {iters} iters x {tokens_per_iter} tokens, {how}')
+    if c.match:
+        print(f'  ffn_hidden {c.ffn_hidden}: matched to the {c.match} params of the MoE '
+              f'{moe_layout(c)} (its config\'s MoE keys; README: "Add an expert layout")')
+    if c.warmup_iters >= iters:
+        print(f'  warmup_iters {c.warmup_iters} >= {iters} iters: the learning rate never leaves '
+              'its warmup; set --warmup_iters (README: "Short experiments")')
 
 
-def print_param_table(c, n, flops_per_token, target):
+def print_param_table(c, n, moe_n, flops_per_token):
     """train.py --print_params: the parameter counts n, the training FLOPs per token and, for a
-    dense model matched to an MoE, its target count; then all of it as one JSON line."""
+    dense model matched to an MoE, that MoE's count it was matched to (moe_n: the MoE's counts);
+    then all of it as one JSON line."""
     if c.ffn == 'moe':
-        what = f'moe: {c.n_experts} experts, top-{c.top_k}, expert hidden {c.moe_hidden}'
-        if c.shared_hidden:
-            what += f', shared expert {c.shared_hidden}'
+        what = f'moe: {moe_layout(c)}'
+        width = {'moe_hidden': c.moe_hidden}
     else:
         what = f'dense: ffn_hidden {c.ffn_hidden}'
+        width = {'ffn_hidden': c.ffn_hidden}
         if c.match:
-            what += f' (matched to the MoE {c.match} params)'
+            what += f' (matched to the {c.match} params of the MoE {moe_layout(c)})'
     print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, '
           f'vocab {c.vocab_size} | {what}')
     for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
         print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
     print(f'  training FLOPs per token: {flops_per_token:,} ({flops_per_token / 1e6:.3f}M)')
-    summary = {**n, 'ffn_hidden': c.moe_hidden if c.ffn == 'moe' else c.ffn_hidden,
-               'flops_per_token': flops_per_token}
-    if target is not None:
+    summary = {**n, **width, 'flops_per_token': flops_per_token}
+    if c.match:
+        target = moe_n[c.match]
         error = (n['total'] - target) / target
         summary.update(match=c.match, match_target=target, match_error=error)
         print(f'  matched to MoE {c.match} = {target:,}: off by {error:+.3%}')

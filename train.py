@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import configurator
 import plumbing
-from plumbing import UserError
+from plumbing import UserError, gather_rows, routing_row, routing_stats, unpack_routing
 from prepare import check_prepared
 
 # ----------------------------------------------------------------------------- config
@@ -153,17 +153,6 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x)), None
 
 
-def routing_row(load, entropy, log_z):
-    """One MoE layer's routing statistics as one row: [load_0 .. load_E-1, entropy, log_z]. One
-    tensor per layer, so the statistics cost one host sync to log and one op to average."""
-    return torch.cat([load, entropy.view(1), log_z.view(1)])
-
-
-def unpack_routing(rows):
-    """routing_row's inverse, for one row or a stack of them: -> load, entropy, log_z."""
-    return rows[..., :-2], rows[..., -2], rows[..., -1]
-
-
 def group_by_expert(experts, n_experts):
     """The routing's assignments (one per token and chosen expert) grouped by expert, keeping their
     order within an expert. experts: each assignment's expert. -> order: the assignment in each
@@ -190,36 +179,6 @@ def group_by_expert(experts, n_experts):
     ends = running[:, -1]  # where each expert's slots end
     counts = ends.diff(prepend=ends.new_zeros(1))
     return order, slot, counts
-
-
-class GatherRows(torch.autograd.Function):
-    """gather_rows(x, rows, inverse) = x[rows], where rows = perm % len(x) for a permutation perm of
-    copies * len(x) positions, and inverse is perm's inverse permutation (perm[inverse[i]] = i):
-    each row of x comes out `copies` times. The dispatch uses it twice, with group_by_expert's
-    order and slot, which are inverse permutations: to copy each token's row to its k experts
-    (perm = order, inverse = slot, copies = k), and to put the experts' rows back (perm = slot,
-    inverse = order, copies = 1).
-
-    Why not plain x[rows]: its backward scatter-adds each row's gradient into place, which compiled
-    CPU code does with atomic adds, slowly. Knowing the inverse, the backward can be a gather
-    instead: the gradient rows in inverse order, then the copies of each row summed."""
-
-    @staticmethod
-    def forward(ctx, x, rows, inverse):
-        ctx.save_for_backward(inverse)
-        ctx.n_rows = x.shape[0]
-        return x.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad):
-        inverse, = ctx.saved_tensors
-        grad = grad.index_select(0, inverse)  # row i: the gradient of the row perm put at i
-        if grad.shape[0] > ctx.n_rows:  # copies > 1: copy c of row t is row c * n_rows + t
-            grad = grad.view(-1, ctx.n_rows, grad.shape[-1]).sum(dim=0)
-        return grad, None, None
-
-
-gather_rows = GatherRows.apply
 
 
 grouped_mm_on_cpu = False  # True: the GPU's grouped_mm on a CPU too (tests; the loop is faster)
@@ -269,7 +228,8 @@ class MoE(nn.Module):
         # counted, with no gradient: only P_i trains the router through this loss
         lb = E * (load * probs.mean(dim=1)).sum()
         z = log_z.square().mean()  # the z-loss keeps the router's logits small
-        with torch.no_grad():  # routing health, for the logs
+        # routing health, for the logs: plumbing.routing_stats makes busiest_frac & co. of the row
+        with torch.no_grad():
             # how sure the router is: each token's entropy over the experts, averaged; <= ln(E)
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()
             routing = routing_row(load, entropy, log_z.mean())
@@ -313,7 +273,8 @@ class MoE(nn.Module):
         experts; grouped, each expert is one matrix multiply on one block of rows."""
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
-        # slot s gets token order[s] % N's row: each token's row once per chosen expert, by expert
+        # slot s gets token order[s] % N's row: each token's row once per chosen expert, by expert.
+        # gather_rows(x, rows, inverse) is x[rows] with a faster backward (plumbing.py)
         xs = gather_rows(x, rows=order % N, inverse=slot)
         ys = self.run_experts(xs, counts)
         # back to assignment order, row a = assignment a's output: the same permutations swapped
@@ -421,20 +382,6 @@ def training_loss(ce, aux, c):
     return ce + c.aux_loss_coef * aux['lb'] + c.z_loss_coef * aux['z']
 
 
-def routing_stats(rows):
-    """Routing health from one routing row per layer, per layer and as the mean over layers.
-    busiest_frac = max_i load_i (1/n_experts is perfect balance, 1.0 a collapsed top-1 router)."""
-    load, entropy, log_z = unpack_routing(rows.cpu())  # one host sync
-    layers = [{'load': layer_load.tolist(), 'busiest_frac': layer_load.max().item(),
-               'usage_var': layer_load.var(unbiased=False).item(),
-               'router_entropy': layer_entropy.item(), 'log_z': layer_log_z.item()}
-              for layer_load, layer_entropy, layer_log_z in zip(load, entropy, log_z)]
-    mean = {key: sum(layer[key] for layer in layers) / len(layers)
-            for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
-    # dropped_frac: the share of assignments no expert ran; the dispatch is dropless
-    return {'load': load.mean(dim=0).tolist(), **mean, 'dropped_frac': 0.0, 'layers': layers}
-
-
 # ----------------------------------------------------------------------------- parameter accounting
 def count_params(c, ffn=None):
     """Exact counts from the config alone, for its own FFN or for ffn = 'moe' | 'dense'. A dense
@@ -457,24 +404,23 @@ def count_params(c, ffn=None):
 
 
 def solve_ffn_hidden(c):
-    """The dense width (a multiple of ffn_multiple_of) whose params are closest to the MoE's active
-    or total ones (c.match)."""
+    """The dense width whose params are closest to the MoE's active or total ones (c.match): the
+    closest multiple of ffn_multiple_of (GPU-friendly shapes) if it is within match_tol, else the
+    closest width of all. At cpu_moe's layout the routers round away: 176 and 352, 2x and 4x
+    moe_hidden, the routers' params short of the target (--print_params shows both)."""
     target = count_params(c, ffn='moe')[c.match]
     dense = count_params(c, ffn='dense')
-    # rest: the embedding, attention and norms, the same in the dense model and the MoE. The width
-    # is solved for the MoE's experts and routers together, but the routers are far smaller than a
-    # step of ffn_multiple_of and round away: the matched widths come out at exactly 2x and 4x
-    # moe_hidden, the routers' params short of the target (--print_params shows both)
+    # rest: the embedding, attention and norms, the same in the dense model and the MoE
     rest = dense['total'] - dense['ffn']
     per_unit = 3 * c.d_model * c.n_layer  # gate, up and down grow by d_model each, in every layer
-    m = c.ffn_multiple_of
-    hidden = max(m, round((target - rest) / per_unit / m) * m)
-    mismatch = (rest + per_unit * hidden - target) / target
-    if abs(mismatch) > c.match_tol:
-        raise UserError(f'no dense width matches the MoE {c.match} params ({target:,}) within '
-                        f'match_tol={c.match_tol}: the closest, ffn_hidden={hidden}, is off by '
-                        f'{mismatch:+.2%}; change ffn_multiple_of or match_tol')
-    return hidden
+    for m in (c.ffn_multiple_of, 1):
+        hidden = max(m, round((target - rest) / per_unit / m) * m)
+        mismatch = (rest + per_unit * hidden - target) / target
+        if abs(mismatch) <= c.match_tol:
+            return hidden
+    raise UserError(f'no dense width matches the MoE {c.match} params ({target:,}) within '
+                    f'match_tol={c.match_tol}: the closest, ffn_hidden={hidden}, is off by '
+                    f'{mismatch:+.2%}; raise match_tol')
 
 
 def flops_per_token(c):
@@ -486,12 +432,6 @@ def flops_per_token(c):
     head = c.vocab_size * c.d_model  # the output layer, tied to the embedding or not
     matmul = n['active'] - n['norms'] - n['embedding'] - n['lm_head'] + head
     return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
-
-
-def print_param_table(c):
-    """--print_params: counts, FLOPs per token, a matched model's target (plumbing prints them)."""
-    target = count_params(c, ffn='moe')[c.match] if c.match else None
-    plumbing.print_param_table(c, count_params(c), flops_per_token(c), target)
 
 
 # ----------------------------------------------------------------------------- data
@@ -593,8 +533,9 @@ def build(c, device, use_compile, ddp):
 
 def main(argv):
     c = configure(argv)
-    if c.print_params:
-        print_param_table(c)
+    if c.print_params:  # counts, FLOPs per token and, matched, the MoE's counts: no data touched
+        plumbing.print_param_table(c, count_params(c), count_params(c, ffn='moe'),
+                                   flops_per_token(c))
         return
     meta, val_windows = load_data(c)
     ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run

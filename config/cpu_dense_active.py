@@ -1,5 +1,6 @@
-# CPU scale, dense SwiGLU whose total params match the cpu_moe's *active* params.
-from config.cpu_recipe import *
+# CPU scale, dense SwiGLU whose total params match the *active* params of the MoE it imports:
+# cpu_moe. For another MoE, import its config instead (README: "Add an expert layout").
+from config.cpu_moe import *
 
 ffn = 'dense'
 match = 'active'

@@ -1,15 +1,13 @@
 # The CPU-scale recipe shared by every cpu_* config: bytes tokenizer, 5,510 TinyStories stories
 # (make cpu: prepare.py --hf_stories 5510, or --input FILE for a local file), sized so one run takes
-# a few minutes on 2 CPU cores. The cpu_* configs import it and change only the feed-forward block.
+# a few minutes on 2 CPU cores. config/cpu_moe.py adds the expert layout, and the dense configs
+# import cpu_moe.py: the MoE a dense config imports is the one it is matched to.
 data_dir = 'data/tinystories_bytes'
 vocab_size = 257          # 256 byte values + EOT
 block_size = 256          # ~1/3 of a story in bytes
 n_layer = 4               # the paper's depth
 n_head = 2                # head_dim 22
 d_model = 44
-n_experts = 4
-top_k = 2
-moe_hidden = 88           # 0.23M total / 0.14M active params for the MoE
 # fine-grained matched widths; GPU-friendly multiples do not matter on a CPU
 ffn_multiple_of = 8
 # 20 training tokens per total MoE param, as in the paper: 4.59M tokens (1.15 epochs of the

@@ -3,13 +3,13 @@ counts and the matcher, the configurator's errors, data windows."""
 import json
 import math
 import os
-import re
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import plumbing
 import train
 from conftest import REPO, config, reference_moe, run, write_stories
 from plumbing import UserError
@@ -408,6 +408,10 @@ def test_print_params_ends_with_one_json_line():
         assert key in summary
     assert summary['total'] == summary['active']
     assert abs(summary['match_error']) <= 0.01
+    # an MoE's width is its experts', under its own name
+    out = run('train.py', 'config/cpu_moe.py', '--print_params=True', '--data_dir=/nonexistent')
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary['moe_hidden'] == 88 and 'ffn_hidden' not in summary
 
 
 # the README's table: (total, active, FFN hidden) of every shipped config, from --print_params
@@ -428,34 +432,55 @@ def test_shipped_configs_have_the_readme_counts(name):
         assert abs(n['total'] / 21.06e6 - 1) <= 0.004
 
 
-def study_variants():
-    """study.mk's VARIANTS, the MoE variants make study2 trains: each keeps cpu_moe's FFN size."""
-    text = open(os.path.join(REPO, 'study.mk')).read().replace('\\\n', ' ')
-    found = re.search(r'^VARIANTS \?= (.*)$', text, re.M)
-    assert found, 'study.mk has no "VARIANTS ?=" line'
-    names = found.group(1).split()
-    assert len(names) >= 4, names
-    return names
+# every expert layout of the CPU recipe a reader might try, as --key=value overrides
+LAYOUTS = {'8 x 44 top-1': ('--n_experts=8', '--moe_hidden=44', '--top_k=1'),
+           '8 x 44 top-2': ('--n_experts=8', '--moe_hidden=44', '--top_k=2'),
+           '8 x 44 top-4': ('--n_experts=8', '--moe_hidden=44', '--top_k=4'),
+           '16 x 22 top-2': ('--n_experts=16', '--moe_hidden=22', '--top_k=2'),
+           'shared 88 + 6 x 44 top-2': ('--n_experts=6', '--moe_hidden=44', '--shared_hidden=88')}
 
 
-@pytest.mark.parametrize('name', study_variants())
-def test_variants_have_cpu_moes_ffn_size_and_params_within_2_percent(name):
-    base, c = train.configure(['config/cpu_moe.py']), train.configure([f'config/{name}.py'])
+@pytest.mark.parametrize('match', ['active', 'total'])
+@pytest.mark.parametrize('layout', LAYOUTS)
+def test_the_recipes_dense_configs_match_any_layout_within_1_percent(layout, match):
+    c = train.configure([f'config/cpu_dense_{match}.py', *LAYOUTS[layout]])
+    target = train.count_params(c, ffn='moe')[match]
+    assert c.match_tol == 0.01
+    assert abs(train.count_params(c)['total'] / target - 1) <= 0.01
 
-    def ffn_widths(c):  # active and total FFN hidden width per layer
-        routed = c.top_k * c.moe_hidden, c.n_experts * c.moe_hidden
-        return routed[0] + c.shared_hidden, routed[1] + c.shared_hidden
-    assert ffn_widths(c) == ffn_widths(base) == (176, 352)
-    n, n_base = train.count_params(c), train.count_params(base)
-    for key in ('total', 'active'):  # only the wider routers add params
-        assert n[key] >= n_base[key] and n[key] / n_base[key] - 1 < 0.02
+
+def test_a_width_off_the_multiple_is_taken_only_when_no_multiple_is_within_match_tol():
+    # 8 x 44 top-1: 48 (a multiple of 8) is 1.05% over its 67,320 active params, 47 is 0.26% over
+    c = train.configure(['config/cpu_dense_active.py', *LAYOUTS['8 x 44 top-1']])
+    assert c.ffn_hidden == 47
+    loose = train.configure(['config/cpu_dense_active.py', *LAYOUTS['8 x 44 top-1'],
+                             '--match_tol=0.02'])
+    assert loose.ffn_hidden == 48
+
+
+def test_a_matched_run_names_the_moe_it_was_matched_to(capsys):
+    c = train.configure(['config/cpu_dense_total.py', *LAYOUTS['8 x 44 top-2']])
+    plumbing.print_run_header(c, train.count_params(c), 1120, 4096, torch.device('cpu'), False, 1,
+                              None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ('  ffn_hidden 352: matched to the total params of the MoE 8 experts x 44, '
+                        'top-2 (its config\'s MoE keys; README: "Add an expert layout")')
+
+
+def test_a_warmup_longer_than_the_run_is_said(capsys):
+    c = train.configure(['config/cpu_moe.py', '--max_iters=50'])
+    plumbing.print_run_header(c, train.count_params(c), 50, 4096, torch.device('cpu'), False, 1,
+                              None)
+    assert capsys.readouterr().out.splitlines()[1] == (
+        '  warmup_iters 224 >= 50 iters: the learning rate never leaves its warmup; set '
+        '--warmup_iters (README: "Short experiments")')
 
 
 def test_a_match_beyond_match_tol_names_the_closest_width_and_the_fix():
-    message = config_error('config/cpu_dense_total.py', '--match_tol=0.001')
+    message = config_error('config/cpu_dense_total.py', '--match_tol=0.0001')
     assert message == ('no dense width matches the MoE total params (229,240) within '
-                       'match_tol=0.001: the closest, ffn_hidden=352, is off by -0.31%; change '
-                       'ffn_multiple_of or match_tol')
+                       'match_tol=0.0001: the closest, ffn_hidden=353, is off by -0.08%; raise '
+                       'match_tol')
 
 
 # ----------------------------------------------------------------------------- configurator
