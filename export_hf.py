@@ -14,8 +14,10 @@ transformers itself is not needed to export.
 The tokenizer: GPT-2 runs get GPT-2's BPE files (tiktoken's); bytes runs a byte-level
 tokenizer.json (ids 0-255 are the UTF-8 bytes, 256 is <|endoftext|>, as in prepare.ByteTokenizer),
 built with the tokenizers package (imported for bytes runs only; transformers installs it).
-Top-1 MoE runs cannot be exported: their routing weight is the raw softmax probability (Switch),
-while Mixtral always renormalises the top-k weights, which at top-1 makes every weight 1.
+What cannot be exported, and says why: top-1 MoE runs (their routing weight is the raw softmax
+probability, as in Switch, while Mixtral always renormalises the top-k weights, which at top-1
+makes every weight 1), and the variants with a shared expert or a selection bias (Mixtral has
+neither). sample.py runs any checkpoint.
 """
 import argparse
 import json
@@ -149,14 +151,28 @@ def load_run(path):
         raise UserError(f'{path} is not a usable tinymoe checkpoint ({type(e).__name__})') from None
     if missing:
         raise UserError(f'{path} is not a usable tinymoe checkpoint (no {missing})')
-    if c['ffn'] == 'moe' and c['top_k'] < 2:
-        raise UserError('top-1 MoE runs keep the raw routing probability, which Mixtral cannot '
-                        'express (it renormalises the top-k weights); only top_k >= 2 runs can be '
-                        'exported')
-    if c.get('shared_hidden') or c.get('bias_rate'):
-        raise UserError('Mixtral has no shared expert and no selection bias: only runs without '
-                        'shared_hidden and bias_rate can be exported')
+    why_not = not_mixtral(c)
+    if why_not:
+        raise UserError(f'{path} cannot be exported: {why_not}. {EXPORTABLE}')
     return ckpt
+
+
+EXPORTABLE = ('export_hf.py writes dense runs and MoE runs with top_k >= 2, no shared expert and '
+              'no bias_rate; sample.py runs any checkpoint')
+
+
+def not_mixtral(c):
+    """Why an MoE run's layout is not Mixtral's, or None where it is (or the run is dense)."""
+    if c['ffn'] != 'moe':
+        return None
+    if c['top_k'] < 2:
+        return ('a top-1 run keeps the raw routing probability, which Mixtral cannot express (it '
+                'renormalises the top-k weights)')
+    if c.get('shared_hidden'):
+        return 'Mixtral has no shared expert'
+    if c.get('bias_rate'):
+        return 'Mixtral has no selection bias'
+    return None
 
 
 def best_eval(out_dir, until):
