@@ -32,7 +32,7 @@ setup:
 # the linter (settings in pyproject.toml: pyflakes, pycodestyle at 100 columns, import order), then the tests
 test: setup
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q test_smoke.py tests
+	$(PYTHON) -m pytest -q test_smoke.py tests study/tests
 
 cpu: setup $(CPU_RUNS)
 	$(PYTHON) report.py $(dir $(CPU_RUNS)) --out out/report-cpu

@@ -38,9 +38,9 @@ keep = for run in $(dir $1); do mkdir -p $(or $2,results/cpu/runs)/$$(basename $
 	cp $$run/log.jsonl $$run/config.json $(or $2,results/cpu/runs)/$$(basename $$run)/; done
 study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
 	$(call keep,$(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) $(NOISE_RUNS))
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
 	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/first/$$c-s1 --num_samples 2 \
 		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
 # every run in out/first/ but the seed-noise ones: make study's, and make compute's whichever STUDY_SEEDS are
@@ -59,9 +59,9 @@ $(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
 		--moe_hidden=192 --max_tokens=1146880 --config_name=short_d96_$(word 1,$(subst -s, ,$*)) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/short_d96_$*/log.jsonl),--resume=True)
-# where the seed noise comes from: runs that hold seed 1's init or data order (scripts/seed_noise.py)
+# where the seed noise comes from: runs that hold seed 1's init or data order (study/seed_noise.py)
 noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
-	$(PYTHON) scripts/seed_noise.py --runs out/first --out results/cpu/noise
+	$(PYTHON) -m study.seed_noise --runs out/first --out results/cpu/noise
 # out/first/noise_cpu_moe-i2-d1/done.json -> config/cpu_moe.py with init seed 2 and the data order of seed 1
 noise_part = $(word $2,$(subst -, ,$1))
 $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
@@ -72,11 +72,11 @@ $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
 
 # make study2: the main protocol at 10 seeds, and the token budget as separate runs at the fixed d_model 44 trio:
 # BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
-# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
+# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (study/report.py's scan rows)
 # Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
 # ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs, cpu_moe_init0 and cpu_moe_lr01,
 # run with the variants), and the MoE variants at cpu_moe's active and total FFN size (VARIANTS,
-# config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and
+# config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's variants: each against cpu_moe and
 # both dense models of the same seed; results/cpu/README.md says which CPU trained which runs).
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
@@ -98,9 +98,9 @@ rs_lb01 = --aux_loss_coef=0.1
 ROUTER_RUNS := $(foreach r,$(ROUTER_STARTS),$(foreach s,$(ROUTER_SEEDS),out/cpu_moe_rs_$(r)-s$(s)/done.json))
 study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS))
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
-	$(PYTHON) report.py $(VARIANT_BASE_RUNS) $(call kept,$(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
+	$(PYTHON) -m study.report $(VARIANT_BASE_RUNS) $(call kept,$(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
 	@# each variant's cost per step against dense models matched to it (the finer experts' wider routers need
 	@# match_tol 2.5% at this width), one thread
 	mkdir -p results/cpu/variants/bench
@@ -122,7 +122,7 @@ $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
 # step times in results/cpu/compute/bench/<config>.txt, all configs in one process, one thread), each budget
 # with its own warmup (the first protocol's) and cosine schedule; paired with cpu_dense_total of the same seeds,
 # trained on the same kind of CPU. Each budget's tokens are planned once, into COMPUTE_BUDGETS
-# (scripts/compute_budget.py), so a bench measured again later does not change them. The logs are kept in
+# (study/compute_budget.py), so a bench measured again later does not change them. The logs are kept in
 # results/cpu/compute/runs/ (not runs/: another kind of CPU trained those).
 COMPUTE_MOES ?= cpu_moe cpu_moe_sparse16 cpu_moe_shared
 COMPUTE_SEEDS ?= 1 2 3 4 5
@@ -147,7 +147,7 @@ COMPUTE_OTHER_RUNS := $(filter-out out/first/% $(ABLATION_RUNS) $(VARIANT_RUNS),
 $(COMPUTE_OTHER_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN) $(FIRST_PROTOCOL)
 # the report; with make ratio's step-time ratios once they are measured
-COMPUTE_REPORT = $(PYTHON) report.py $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute \
+COMPUTE_REPORT = $(PYTHON) -m study.report $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute \
 	--bench $(COMPUTE_BENCH)
 RATIO_REPORT = $(if $(wildcard $(RATIO)/*/*.txt),--ratio $(RATIO))
 compute: setup $(compute_runs)
@@ -165,21 +165,21 @@ budget_config = $(word 1,$(subst -s, ,$1))
 budget_seed = $(word 2,$(subst -s, ,$1))
 $(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=flops_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py tokens flops_$(call budget_config,$*) \
+		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens flops_$(call budget_config,$*) \
 		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
 # order-only: a run needs the step times to exist; a bench measured later does not retrain it
 $(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
 		data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=time_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py tokens time_$(call budget_config,$*) \
+		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens time_$(call budget_config,$*) \
 		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)
 
 # make ratio: what a machine charges for an MoE, r = cpu_dense_total's step time over the MoE's, as a distribution
-# (results/cpu/compute/ratio/<setting>/<config>.txt; report.py --ratio sets them against k*). bench.py, one thread,
+# (results/cpu/compute/ratio/<setting>/<config>.txt; study/report.py --ratio sets them against k*). bench.py, one thread,
 # the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a second
 # bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160: cpu_moe_d160, no k*
 # there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together on PAIR_SEEDS
-# (scripts/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which lowers r
+# (study/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which lowers r
 RATIO_ROUNDS ?= 10
 PAIR_SEEDS ?= 1 2 3
 RATIO := results/cpu/compute/ratio
@@ -202,7 +202,7 @@ pairs = $(foreach s,$(PAIR_SEEDS),out/pairs/$1-s$(s)/done)
 .SECONDEXPANSION:
 $(RATIO)/whole_runs/%.txt: $$(call pairs,$$*)
 	mkdir -p $(@D)
-	$(PYTHON) scripts/pair_ratio.py $(dir $^) > $@.tmp && mv $@.tmp $@
+	$(PYTHON) -m study.pair_ratio $(dir $^) > $@.tmp && mv $@.tmp $@
 # out/pairs/cpu_moe-s2/done: cpu_dense_total and cpu_moe, seed 2, started together; a wall clock cut short means
 # nothing, so an interrupted pair starts again
 out/pairs/%/done: | data/tinystories_bytes/meta.json
@@ -243,7 +243,7 @@ WARMUP_FRACTION_RUNS := $(foreach c,$(WARMUP_CONFIGS) cpu_moe_shared,$(foreach s
 	$(foreach b,$(BUDGETS),$(foreach c,$(WARMUP_CONFIGS),$(foreach s,$(BUDGET_SEEDS),results/cpu/runs/b$(b)_$(c)-s$(s))))
 warmup: setup $(WARMUP_SWEEP) $(WARMUP_STUDY) $(WARMUP_BUDGETS)
 	$(call keep,$(WARMUP_RUNS) $(WARMUP_BUDGETS),results/cpu/warmup/runs)
-	$(PYTHON) scripts/warmup_report.py --chosen $(WARMUP) --out results/cpu/warmup $(WARMUP_FRACTION_RUNS) \
+	$(PYTHON) -m study.warmup_report --chosen $(WARMUP) --out results/cpu/warmup $(WARMUP_FRACTION_RUNS) \
 		$(call kept,$(WARMUP_RUNS) $(WARMUP_BUDGETS),results/cpu/warmup/runs)
 # out/w112_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a warmup of 112 steps, named w112_cpu_moe
 WARMUP_TRAIN = $(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(call budget_seed,$*) \
@@ -277,7 +277,7 @@ BREAK_EVEN_BASE := $(foreach c,$(BREAK_EVEN_MOES),$(call warmup_runs,$(WARMUP),$
 BREAK_EVEN_OTHER_BASE := $(filter-out $(WARMUP_RUNS),$(BREAK_EVEN_BASE))
 break_even: setup $(BREAK_EVEN_RUNS) $(BREAK_EVEN_BASE)
 	$(call keep,$(BREAK_EVEN_RUNS) $(BREAK_EVEN_OTHER_BASE),results/cpu/break_even/runs)
-	$(PYTHON) report.py $(call kept,$(filter $(WARMUP_RUNS),$(BREAK_EVEN_BASE)),results/cpu/warmup/runs) \
+	$(PYTHON) -m study.report $(call kept,$(filter $(WARMUP_RUNS),$(BREAK_EVEN_BASE)),results/cpu/warmup/runs) \
 		$(call kept,$(BREAK_EVEN_RUNS) $(BREAK_EVEN_OTHER_BASE),results/cpu/break_even/runs) \
 		--out results/cpu/break_even $(RATIO_REPORT)
 $(BREAK_EVEN_OTHER_BASE): out/w%/done.json: | data/tinystories_bytes/meta.json
