@@ -17,8 +17,10 @@ HF_STORIES ?= 5510
 runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/done.json))
 CPU_RUNS := $(call runs,cpu_moe cpu_dense_active cpu_dense_total)
 PAPER_RUNS := $(call runs,moe dense_active dense_total)
+# a config's file: config/<name>.py, else the study's (study/config/<name>.py)
+config_file = $(or $(wildcard config/$1.py),study/config/$1.py)
 # out/cpu_dense_total-s2/done.json -> python train.py config/cpu_dense_total.py --seed=2 [--resume=True]
-TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
+TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
 .PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even FORCE

@@ -26,7 +26,7 @@ SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu
 # 1,120: the budget is what is smaller here, so the schedule is shorter too)
 SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/first/noise_$(c)-$(v)/done.json))
-# the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
+# the MoE variants of make study2 (study/config/cpu_moe_*.py), trained by the generic rule below
 VARIANTS ?= cpu_moe_init0 cpu_moe_lr01 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias \
 	cpu_moe_shared_lr01 cpu_moe_shared_bias cpu_moe_shared_fine
 VARIANT_SEEDS ?= 6 7 8 9 10
@@ -52,11 +52,11 @@ $(sort $(ABLATION_RUNS) $(VARIANT_RUNS)): out/%/done.json: | data/tinystories_by
 scan_width = $(word 1,$(subst _, ,$1))
 scan_config = $(word 1,$(subst -s, ,$(patsubst $(call scan_width,$1)_%,%,$1)))
 $(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
 		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
 $(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
+	$(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
 		--moe_hidden=192 --max_tokens=1146880 --config_name=short_d96_$(word 1,$(subst -s, ,$*)) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/short_d96_$*/log.jsonl),--resume=True)
 # where the seed noise comes from: runs that hold seed 1's init or data order (study/seed_noise.py)
@@ -65,7 +65,7 @@ noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
 # out/first/noise_cpu_moe-i2-d1/done.json -> config/cpu_moe.py with init seed 2 and the data order of seed 1
 noise_part = $(word $2,$(subst -, ,$1))
 $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call noise_part,$*,1).py --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
+	$(PYTHON) train.py $(call config_file,$(call noise_part,$*,1)) --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
 		--data_seed=$(patsubst d%,%,$(call noise_part,$*,3)) --config_name=noise_$(call noise_part,$*,1) \
 		--out_dir=$(@D) $(FIRST_PROTOCOL) $(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
@@ -76,7 +76,7 @@ $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
 # Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
 # ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs, cpu_moe_init0 and cpu_moe_lr01,
 # run with the variants), and the MoE variants at cpu_moe's active and total FFN size (VARIANTS,
-# config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's variants: each against cpu_moe and
+# study/config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's variants: each against cpu_moe and
 # both dense models of the same seed; results/cpu/README.md says which CPU trained which runs).
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
@@ -104,15 +104,15 @@ study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	@# each variant's cost per step against dense models matched to it (the finer experts' wider routers need
 	@# match_tol 2.5% at this width), one thread
 	mkdir -p results/cpu/variants/bench
-	for v in cpu_moe $(VARIANTS); do OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$$v.py --match_tol=0.025 \
-		> results/cpu/variants/bench/$$v.txt || exit 1; done
+	for c in $(foreach v,cpu_moe $(VARIANTS),$(call config_file,$(v))); do OMP_NUM_THREADS=1 $(PYTHON) bench.py \
+		$$c --match_tol=0.025 > results/cpu/variants/bench/$$(basename $$c .py).txt || exit 1; done
 # out/cpu_moe_rs_lr03-s7/done.json -> config/cpu_moe.py, seed 7, $(rs_lr03), named cpu_moe_rs_lr03
 $(ROUTER_RUNS): out/cpu_moe_rs_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/cpu_moe.py --seed=$(word 2,$(subst -s, ,$*)) $(rs_$(word 1,$(subst -s, ,$*))) \
 		--config_name=cpu_moe_rs_$(word 1,$(subst -s, ,$*)) $(FIRST_PROTOCOL) $(if $(wildcard out/cpu_moe_rs_$*/log.jsonl),--resume=True)
 # out/b25_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a quarter of the recipe's tokens, named b25_cpu_moe
 $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) \
 		--max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) --config_name=b$(word 1,$(subst -s, ,$*)) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/b$*/log.jsonl),--resume=True)
 
@@ -159,18 +159,18 @@ compute: setup $(compute_runs)
 BENCH_ARGS_cpu_moe_sparse16 = --ffn_multiple_of=16 --match_tol=0.025
 $(COMPUTE_BENCH)/%.txt:
 	mkdir -p $(COMPUTE_BENCH)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --steps=20 --rounds=5 $(BENCH_ARGS_$*) > $@.tmp && mv $@.tmp $@
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=20 --rounds=5 $(BENCH_ARGS_$*) > $@.tmp && mv $@.tmp $@
 # out/flops_cpu_moe-s2/done.json -> config/cpu_moe.py, seed 2, trained for cpu_dense_total's FLOPs
 budget_config = $(word 1,$(subst -s, ,$1))
 budget_seed = $(word 2,$(subst -s, ,$1))
 $(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=flops_$(call \
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) --config_name=flops_$(call \
 		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens flops_$(call budget_config,$*) \
 		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
 # order-only: a run needs the step times to exist; a bench measured later does not retrain it
 $(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
 		data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=time_$(call \
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) --config_name=time_$(call \
 		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens time_$(call budget_config,$*) \
 		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)
 
@@ -185,7 +185,7 @@ PAIR_SEEDS ?= 1 2 3
 RATIO := results/cpu/compute/ratio
 RATIO_FILES := $(foreach s,alone side_by_side whole_runs,$(foreach c,$(COMPUTE_MOES),$(RATIO)/$(s)/$(c).txt)) \
 	$(RATIO)/paper_width/cpu_moe_d160.txt
-RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --steps=10 --rounds=$(RATIO_ROUNDS) $(BENCH_ARGS_$*)
+RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=10 --rounds=$(RATIO_ROUNDS) $(BENCH_ARGS_$*)
 ratio: setup
 	@# -j1: two timings at once would be neither alone nor side by side
 	$(MAKE) -j1 $(RATIO_FILES)
@@ -209,11 +209,11 @@ out/pairs/%/done: | data/tinystories_bytes/meta.json
 	rm -rf $(@D) && mkdir -p $(@D)
 	OMP_NUM_THREADS=1 $(PYTHON) train.py config/cpu_dense_total.py --seed=$(call budget_seed,$*) \
 		--out_dir=$(@D)/dense_total & dense=$$!; \
-	OMP_NUM_THREADS=1 $(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) \
+	OMP_NUM_THREADS=1 $(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
 		--out_dir=$(@D)/moe; moe=$$?; wait $$dense && [ $$moe -eq 0 ] && touch $@
 $(RATIO)/paper_width/%_d160.txt:
 	mkdir -p $(@D)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --d_model=160 --n_head=5 --moe_hidden=1632 \
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --d_model=160 --n_head=5 --moe_hidden=1632 \
 		--ffn_multiple_of=32 --steps=1 --rounds=$(RATIO_ROUNDS) > $@.tmp && mv $@.tmp $@
 
 # make warmup: the study under a warmup fixed in steps (results/cpu/warmup), the CPU recipe's since. The first
@@ -246,14 +246,14 @@ warmup: setup $(WARMUP_SWEEP) $(WARMUP_STUDY) $(WARMUP_BUDGETS)
 	$(PYTHON) -m study.warmup_report --chosen $(WARMUP) --out results/cpu/warmup $(WARMUP_FRACTION_RUNS) \
 		$(call kept,$(WARMUP_RUNS) $(WARMUP_BUDGETS),results/cpu/warmup/runs)
 # out/w112_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a warmup of 112 steps, named w112_cpu_moe
-WARMUP_TRAIN = $(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(call budget_seed,$*) \
+WARMUP_TRAIN = $(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(call budget_seed,$*) \
 	--warmup_iters=$(call scan_width,$*) --config_name=w$(call budget_config,$*) \
 	$(if $(wildcard out/w$*/log.jsonl),--resume=True)
 $(WARMUP_RUNS): out/w%/done.json: | data/tinystories_bytes/meta.json
 	$(WARMUP_TRAIN)
 # out/w112_b25_cpu_moe-s3/done.json -> the same at a quarter of the recipe's tokens, named w112_b25_cpu_moe
 $(WARMUP_BUDGETS): out/w$(WARMUP)_b%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(call budget_seed,$*) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(call budget_seed,$*) \
 		--warmup_iters=$(WARMUP) --max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) \
 		--config_name=w$(WARMUP)_b$(call budget_config,$*) $(if $(wildcard out/w$(WARMUP)_b$*/log.jsonl),--resume=True)
 
@@ -286,7 +286,7 @@ $(BREAK_EVEN_OTHER_BASE): out/w%/done.json: | data/tinystories_bytes/meta.json
 k_of = $(word 1,$(subst _, ,$1))
 k_config = $(patsubst $(call k_of,$1)_w$(WARMUP)_%,%,$(call budget_config,$1))
 $(BREAK_EVEN_RUNS): out/k%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call k_config,$*).py --seed=$(call budget_seed,$*) --warmup_iters=$(WARMUP) \
+	$(PYTHON) train.py $(call config_file,$(call k_config,$*)) --seed=$(call budget_seed,$*) --warmup_iters=$(WARMUP) \
 		--max_tokens=$$($(PYTHON) -c 'print(round($(RECIPE_TOKENS) * $(call k_of,$*)))') \
 		--config_name=k$(call budget_config,$*) $(if $(wildcard out/k$*/log.jsonl),--resume=True)
 

@@ -13,12 +13,17 @@ import sample
 import train
 from tests.conftest import REPO, TINY, config, run
 
+# (the run's name, its config, overrides): the CPU recipe's MoE and dense model, and the naive
+# router, top-1 without load balancing
+CASES = [('cpu_moe', 'cpu_moe', ()), ('cpu_dense_active', 'cpu_dense_active', ()),
+         ('cpu_moe_top1_nolb', 'cpu_moe', ('--top_k=1', '--aux_loss_coef=0.0'))]
 
-@pytest.mark.parametrize('cfg', ['cpu_moe', 'cpu_dense_active', 'cpu_moe_top1_nolb'])
-def test_prepare_train_sample_end_to_end(prepared, cfg):
-    out_dir = prepared / cfg
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
-              f'--out_dir={out_dir}', *TINY)
+
+@pytest.mark.parametrize('name,cfg,overrides', CASES)
+def test_prepare_train_sample_end_to_end(prepared, name, cfg, overrides):
+    out_dir = prepared / name
+    args = [f'config/{cfg}.py', *overrides, f'--config_name={name}']
+    out = run('train.py', *args, f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
     assert out.returncode == 0, out.stderr
     log = [json.loads(line) for line in open(out_dir / 'log.jsonl')]
     evals = [r for r in log if 'val_loss' in r]
@@ -31,8 +36,8 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
     steps = [r for r in log if 'ce' in r]
     assert [r['iter'] for r in steps] == [10, 20, 30, 40]
     assert all({'iter', 'tokens', 'loss', 'ce', 'lr', 'tok_per_s'} <= r.keys() for r in steps)
-    assert all(('lb' in r) == cfg.startswith('cpu_moe') for r in steps)
-    lb_coef = 0.0 if cfg == 'cpu_moe_top1_nolb' else 0.01
+    assert all(('lb' in r) == name.startswith('cpu_moe') for r in steps)
+    lb_coef = 0.0 if name == 'cpu_moe_top1_nolb' else 0.01
     # the logged training loss is CE plus the weighted aux losses
     for r in steps:
         assert r['loss'] == pytest.approx(
@@ -41,16 +46,15 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
                'layers')
     # MoE runs log routing health on every eval and training line; dense runs none of it
     for r in log:
-        assert all((key in r) == cfg.startswith('cpu_moe') for key in routing)
+        assert all((key in r) == name.startswith('cpu_moe') for key in routing)
         if 'layers' in r:
             assert len(r['layers']) == 2 and sum(r['load']) == pytest.approx(1.0)
             assert (0.25 <= r['busiest_frac'] <= 1.0
                     and 0 <= r['router_entropy'] <= math.log(4) + 1e-6)
     saved = json.load(open(out_dir / 'config.json'))
-    assert saved['config_name'] == cfg and saved['params']['total'] > 0
+    assert saved['config_name'] == name and saved['params']['total'] > 0
     # every line carries the training FLOPs so far: tokens x the config's FLOPs per token
-    assert saved['flops_per_token'] == train.flops_per_token(train.configure(
-        [f'config/{cfg}.py', *TINY]))
+    assert saved['flops_per_token'] == train.flops_per_token(train.configure([*args, *TINY]))
     assert all(r['flops'] == r['tokens'] * saved['flops_per_token'] for r in log)
     assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()
     assert not list(out_dir.glob('*.tmp'))
@@ -64,8 +68,7 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
         assert (text.strip().startswith('once upon a time')
                 and len(text.strip()) > len('once upon a time') + 20)
 
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
-              f'--out_dir={out_dir}', *TINY)
+    out = run('train.py', *args, f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
     # nothing overwritten
     assert out.returncode != 0 and 'already holds a run' in out.stderr
 

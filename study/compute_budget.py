@@ -69,6 +69,12 @@ def read_budgets(path):
     return budgets
 
 
+def config_file(name):
+    """A config's file, as make finds it: config/<name>.py, else the study's own."""
+    path = f'config/{name}.py'
+    return path if os.path.exists(path) else f'study/config/{name}.py'
+
+
 def planned_tokens(name, budgets=BUDGETS, bench_folder=BENCH):
     """The tokens of budget run `name` from the budgets file; planned and written in if absent.
     A lock file keeps two plans from writing at once (make -j2 may start two seeds of a new
@@ -82,7 +88,7 @@ def planned_tokens(name, budgets=BUDGETS, bench_folder=BENCH):
         tokens = read_budgets(budgets)
         if name not in tokens:
             bench_file = os.path.join(bench_folder, f'{config}.txt')
-            tokens[name] = plan(kind, f'config/{config}.py', bench_file)
+            tokens[name] = plan(kind, config_file(config), bench_file)
             with open(budgets + '.tmp', 'w') as f:
                 json.dump(dict(sorted(tokens.items())), f, indent=1)
                 f.write('\n')

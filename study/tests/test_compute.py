@@ -311,6 +311,12 @@ def test_a_budget_is_planned_once_and_then_read(tmp_path, capsys, monkeypatch):
     assert budgets.read_text() == '{"time_cpu_moe": 57'
 
 
+def test_a_budget_run_finds_its_config_in_config_or_the_studys(monkeypatch):
+    monkeypatch.chdir(REPO)  # configs are named from the repository, as make names them
+    assert compute_budget.config_file('cpu_moe') == 'config/cpu_moe.py'
+    assert compute_budget.config_file('cpu_moe_sparse16') == 'study/config/cpu_moe_sparse16.py'
+
+
 def test_the_committed_budgets_are_what_the_committed_runs_trained_for():
     with open(os.path.join(REPO, 'results', 'cpu', 'compute', 'budgets.json')) as f:
         budgets = json.load(f)
