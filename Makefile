@@ -5,8 +5,8 @@
 #   make paper           the paper-scale comparison on a GPU, then out/report-paper/
 #   make bench           what the MoE costs per training step (results/bench/)
 #   make paper_on_cpu    the paper configs as a GPU trains them (compiled, bf16), a few steps on the CPU
-#   make study, study2   the CPU study in results/cpu/ (study.mk)
-#   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study.mk)
+#   make study, study2   the CPU study in results/cpu/ (study/study.mk, study/README.md)
+#   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study/study.mk)
 PYTHON ?= python
 SEEDS ?= 1 2 3
 # make cpu's data: TINYSTORIES=FILE, a local TinyStories text in the release format (the sample the committed
@@ -80,4 +80,4 @@ paper_on_cpu: setup data/tinystories_sample_gpt2/meta.json
 	$(PYTHON) scripts/paper_on_cpu.py --data_dir data/tinystories_sample_gpt2 > results/bench/paper_on_cpu.txt; \
 		status=$$?; cat results/bench/paper_on_cpu.txt; exit $$status
 
-include study.mk
+include study/study.mk

@@ -14,7 +14,7 @@ CONFIGS = os.path.join(REPO, 'study', 'config')
 
 def study_variants():
     """study.mk's VARIANTS, the MoE variants make study2 trains."""
-    text = open(os.path.join(REPO, 'study.mk')).read().replace('\\\n', ' ')
+    text = open(os.path.join(REPO, 'study', 'study.mk')).read().replace('\\\n', ' ')
     found = re.search(r'^VARIANTS \?= (.*)$', text, re.M)
     assert found, 'study.mk has no "VARIANTS ?=" line'
     names = found.group(1).split()

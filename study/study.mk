@@ -1,6 +1,6 @@
-# The CPU study (results/cpu/README.md), included by the Makefile. `OMP_NUM_THREADS=1 make -j2 study` runs two
-# trainings at a time (about 1.8x the throughput of one on 2 cores). Every report is made from the logs kept in
-# results/cpu/runs/, so it can be remade from the committed logs alone.
+# The CPU study (study/README.md, results/cpu/README.md), included by the Makefile. `OMP_NUM_THREADS=1 make -j2
+# study` runs two trainings at a time (about 1.8x the throughput of one on 2 cores). Every report is made from the
+# logs kept in results/cpu/, so it can be remade from the committed logs alone (study/README.md).
 #
 # The first protocol: every run of make study, study2, noise and compute warms up over 2% of its own steps (the
 # paper's fraction), as those runs were trained before the CPU recipe fixed its warmup at 224 steps (make warmup,
@@ -52,8 +52,9 @@ $(sort $(ABLATION_RUNS) $(VARIANT_RUNS)): out/%/done.json: | data/tinystories_by
 scan_width = $(word 1,$(subst _, ,$1))
 scan_config = $(word 1,$(subst -s, ,$(patsubst $(call scan_width,$1)_%,%,$1)))
 $(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
-		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) \
+		--d_model=$(call scan_width,$*) --moe_hidden=$$((2 * $(call scan_width,$*))) \
+		--config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
 $(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
@@ -72,12 +73,13 @@ $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
 
 # make study2: the main protocol at 10 seeds, and the token budget as separate runs at the fixed d_model 44 trio:
 # BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
-# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (study/report.py's scan rows)
-# Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
-# ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs, cpu_moe_init0 and cpu_moe_lr01,
-# run with the variants), and the MoE variants at cpu_moe's active and total FFN size (VARIANTS,
-# study/config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's variants: each against cpu_moe and
-# both dense models of the same seed; results/cpu/README.md says which CPU trained which runs).
+# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (study/report.py's
+# scan rows). Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named
+# cpu_moe_rs_<setting>) on ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs,
+# cpu_moe_init0 and cpu_moe_lr01, run with the variants), and the MoE variants at cpu_moe's active and total FFN
+# size (VARIANTS, study/config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's
+# variants: each against cpu_moe and both dense models of the same seed; results/cpu/README.md says which CPU
+# trained which runs).
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
@@ -147,8 +149,8 @@ COMPUTE_OTHER_RUNS := $(filter-out out/first/% $(ABLATION_RUNS) $(VARIANT_RUNS),
 $(COMPUTE_OTHER_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN) $(FIRST_PROTOCOL)
 # the report; with make ratio's step-time ratios once they are measured
-COMPUTE_REPORT = $(PYTHON) -m study.report $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute \
-	--bench $(COMPUTE_BENCH)
+COMPUTE_REPORT = $(PYTHON) -m study.report $(call kept,$(compute_runs),results/cpu/compute/runs) \
+	--out results/cpu/compute --bench $(COMPUTE_BENCH)
 RATIO_REPORT = $(if $(wildcard $(RATIO)/*/*.txt),--ratio $(RATIO))
 compute: setup $(compute_runs)
 	$(call keep,$(compute_runs),results/cpu/compute/runs)
@@ -159,33 +161,38 @@ compute: setup $(compute_runs)
 BENCH_ARGS_cpu_moe_sparse16 = --ffn_multiple_of=16 --match_tol=0.025
 $(COMPUTE_BENCH)/%.txt:
 	mkdir -p $(COMPUTE_BENCH)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=20 --rounds=5 $(BENCH_ARGS_$*) > $@.tmp && mv $@.tmp $@
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=20 --rounds=5 $(BENCH_ARGS_$*) \
+		> $@.tmp && mv $@.tmp $@
 # out/flops_cpu_moe-s2/done.json -> config/cpu_moe.py, seed 2, trained for cpu_dense_total's FLOPs
 budget_config = $(word 1,$(subst -s, ,$1))
 budget_seed = $(word 2,$(subst -s, ,$1))
 $(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) --config_name=flops_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens flops_$(call budget_config,$*) \
-		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
+		--config_name=flops_$(call budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens \
+		flops_$(call budget_config,$*) $(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) \
+		$(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
 # order-only: a run needs the step times to exist; a bench measured later does not retrain it
 $(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
 		data/tinystories_bytes/meta.json
-	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) --config_name=time_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens time_$(call budget_config,$*) \
-		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
+		--config_name=time_$(call budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens \
+		time_$(call budget_config,$*) $(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) \
+		$(if $(wildcard out/time_$*/log.jsonl),--resume=True)
 
 # make ratio: what a machine charges for an MoE, r = cpu_dense_total's step time over the MoE's, as a distribution
-# (results/cpu/compute/ratio/<setting>/<config>.txt; study/report.py --ratio sets them against k*). bench.py, one thread,
-# the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a second
-# bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160: cpu_moe_d160, no k*
-# there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together on PAIR_SEEDS
-# (study/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which lowers r
+# (results/cpu/compute/ratio/<setting>/<config>.txt; study/report.py --ratio sets them against k*). bench.py, one
+# thread, the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a
+# second bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160:
+# cpu_moe_d160, no k* there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together
+# on PAIR_SEEDS (study/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which
+# lowers r
 RATIO_ROUNDS ?= 10
 PAIR_SEEDS ?= 1 2 3
 RATIO := results/cpu/compute/ratio
 RATIO_FILES := $(foreach s,alone side_by_side whole_runs,$(foreach c,$(COMPUTE_MOES),$(RATIO)/$(s)/$(c).txt)) \
 	$(RATIO)/paper_width/cpu_moe_d160.txt
-RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=10 --rounds=$(RATIO_ROUNDS) $(BENCH_ARGS_$*)
+RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=10 --rounds=$(RATIO_ROUNDS) \
+	$(BENCH_ARGS_$*)
 ratio: setup
 	@# -j1: two timings at once would be neither alone nor side by side
 	$(MAKE) -j1 $(RATIO_FILES)
