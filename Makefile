@@ -5,8 +5,8 @@
 #   make paper           the paper-scale comparison on a GPU, then out/report-paper/
 #   make bench           what the MoE costs per training step (results/bench/)
 #   make paper_on_cpu    the paper configs as a GPU trains them (compiled, bf16), a few steps on the CPU
-#   make study, study2   the CPU study in results/cpu/ (study.mk)
-#   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study.mk)
+#   make study, study2   the CPU study in results/cpu/ (study/study.mk, study/README.md)
+#   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study/study.mk)
 PYTHON ?= python
 SEEDS ?= 1 2 3
 # make cpu's data: TINYSTORIES=FILE, a local TinyStories text in the release format (the sample the committed
@@ -17,8 +17,10 @@ HF_STORIES ?= 5510
 runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/done.json))
 CPU_RUNS := $(call runs,cpu_moe cpu_dense_active cpu_dense_total)
 PAPER_RUNS := $(call runs,moe dense_active dense_total)
+# a config's file: config/<name>.py, else the study's (study/config/<name>.py)
+config_file = $(or $(wildcard config/$1.py),study/config/$1.py)
 # out/cpu_dense_total-s2/done.json -> python train.py config/cpu_dense_total.py --seed=2 [--resume=True]
-TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
+TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
 .PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even FORCE
@@ -32,7 +34,7 @@ setup:
 # the linter (settings in pyproject.toml: pyflakes, pycodestyle at 100 columns, import order), then the tests
 test: setup
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q test_smoke.py tests
+	$(PYTHON) -m pytest -q test_smoke.py tests study/tests
 
 cpu: setup $(CPU_RUNS)
 	$(PYTHON) report.py $(dir $(CPU_RUNS)) --out out/report-cpu
@@ -78,4 +80,4 @@ paper_on_cpu: setup data/tinystories_sample_gpt2/meta.json
 	$(PYTHON) scripts/paper_on_cpu.py --data_dir data/tinystories_sample_gpt2 > results/bench/paper_on_cpu.txt; \
 		status=$$?; cat results/bench/paper_on_cpu.txt; exit $$status
 
-include study.mk
+include study/study.mk

@@ -1,13 +1,10 @@
 """The smoke test: prepare -> train -> sample end to end on tiny made-up stories, dense and MoE, and
 what a run writes. Shared helpers live in tests/conftest.py (its fixtures reach this file through
 the conftest.py beside it); the unit tests in tests/. CPU only."""
-import importlib.util
 import json
 import math
 import os
-import random
 import shutil
-import statistics
 
 import pytest
 import torch
@@ -16,12 +13,17 @@ import sample
 import train
 from tests.conftest import REPO, TINY, config, run
 
+# (the run's name, its config, overrides): the CPU recipe's MoE and dense model, and the naive
+# router, top-1 without load balancing
+CASES = [('cpu_moe', 'cpu_moe', ()), ('cpu_dense_active', 'cpu_dense_active', ()),
+         ('cpu_moe_top1_nolb', 'cpu_moe', ('--top_k=1', '--aux_loss_coef=0.0'))]
 
-@pytest.mark.parametrize('cfg', ['cpu_moe', 'cpu_dense_active', 'cpu_moe_top1_nolb'])
-def test_prepare_train_sample_end_to_end(prepared, cfg):
-    out_dir = prepared / cfg
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
-              f'--out_dir={out_dir}', *TINY)
+
+@pytest.mark.parametrize('name,cfg,overrides', CASES)
+def test_prepare_train_sample_end_to_end(prepared, name, cfg, overrides):
+    out_dir = prepared / name
+    args = [f'config/{cfg}.py', *overrides, f'--config_name={name}']
+    out = run('train.py', *args, f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
     assert out.returncode == 0, out.stderr
     log = [json.loads(line) for line in open(out_dir / 'log.jsonl')]
     evals = [r for r in log if 'val_loss' in r]
@@ -34,8 +36,8 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
     steps = [r for r in log if 'ce' in r]
     assert [r['iter'] for r in steps] == [10, 20, 30, 40]
     assert all({'iter', 'tokens', 'loss', 'ce', 'lr', 'tok_per_s'} <= r.keys() for r in steps)
-    assert all(('lb' in r) == cfg.startswith('cpu_moe') for r in steps)
-    lb_coef = 0.0 if cfg == 'cpu_moe_top1_nolb' else 0.01
+    assert all(('lb' in r) == name.startswith('cpu_moe') for r in steps)
+    lb_coef = 0.0 if name == 'cpu_moe_top1_nolb' else 0.01
     # the logged training loss is CE plus the weighted aux losses
     for r in steps:
         assert r['loss'] == pytest.approx(
@@ -44,16 +46,15 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
                'layers')
     # MoE runs log routing health on every eval and training line; dense runs none of it
     for r in log:
-        assert all((key in r) == cfg.startswith('cpu_moe') for key in routing)
+        assert all((key in r) == name.startswith('cpu_moe') for key in routing)
         if 'layers' in r:
             assert len(r['layers']) == 2 and sum(r['load']) == pytest.approx(1.0)
             assert (0.25 <= r['busiest_frac'] <= 1.0
                     and 0 <= r['router_entropy'] <= math.log(4) + 1e-6)
     saved = json.load(open(out_dir / 'config.json'))
-    assert saved['config_name'] == cfg and saved['params']['total'] > 0
+    assert saved['config_name'] == name and saved['params']['total'] > 0
     # every line carries the training FLOPs so far: tokens x the config's FLOPs per token
-    assert saved['flops_per_token'] == train.flops_per_token(train.configure(
-        [f'config/{cfg}.py', *TINY]))
+    assert saved['flops_per_token'] == train.flops_per_token(train.configure([*args, *TINY]))
     assert all(r['flops'] == r['tokens'] * saved['flops_per_token'] for r in log)
     assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()
     assert not list(out_dir.glob('*.tmp'))
@@ -67,50 +68,9 @@ def test_prepare_train_sample_end_to_end(prepared, cfg):
         assert (text.strip().startswith('once upon a time')
                 and len(text.strip()) > len('once upon a time') + 20)
 
-    out = run('train.py', f'config/{cfg}.py', f'--data_dir={prepared / "data"}',
-              f'--out_dir={out_dir}', *TINY)
+    out = run('train.py', *args, f'--data_dir={prepared / "data"}', f'--out_dir={out_dir}', *TINY)
     # nothing overwritten
     assert out.returncode != 0 and 'already holds a run' in out.stderr
-
-
-def test_seed_noise_window_losses_average_to_the_logged_val_loss(prepared):
-    """scripts/seed_noise.py's validation-set standard error rests on per-window losses of best.pt:
-    their mean is the best val_loss train.py logged, and they differ from window to window."""
-    out_dir = prepared / 'cpu_moe'
-    if not (out_dir / 'done.json').exists():
-        assert run('train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}',
-                   f'--out_dir={out_dir}', *TINY).returncode == 0
-    spec = importlib.util.spec_from_file_location(
-        'seed_noise', os.path.join(REPO, 'scripts', 'seed_noise.py'))
-    seed_noise = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seed_noise)
-    losses = seed_noise.window_losses(str(out_dir))
-    logged = json.load(open(out_dir / 'done.json'))['best_val']
-    assert losses.mean().item() == pytest.approx(logged, abs=1e-5) and losses.std() > 0
-
-    # its table: each group's runs, and the active gap as dense_active - moe, run by run
-    rng = random.Random(0)
-    best = {(cfg, i, d): 1 + rng.random()
-            for cfg in seed_noise.CONFIGS for i in range(1, 6) for d in range(1, 6)}
-    rows = seed_noise.noise_table(best)
-    init = rows['init varies (data order of seed 1)']
-    assert init['cpu_moe'] == pytest.approx(
-        statistics.stdev(best[('cpu_moe', i, 1)] for i in (1, 2, 3)))
-    data_gaps = [best[('cpu_dense_active', 1, d)] - best[('cpu_moe', 1, d)] for d in (1, 2, 3)]
-    data = rows['data order varies (init of seed 1)']
-    assert data['active_gap'] == pytest.approx(statistics.stdev(data_gaps))
-    assert data['active_gap_mean'] == pytest.approx(statistics.mean(data_gaps))
-    assert rows['both vary (seeds 1-5)']['runs'] == 5
-
-    # leaving the plateau: the first logged step with training CE below the threshold,
-    # beside the best val
-    ces = [json.loads(line) for line in open(out_dir / 'log.jsonl') if '"ce"' in line]
-    threshold = (ces[0]['ce'] + ces[1]['ce']) / 2  # the run learns: the second log line is below it
-    assert ces[1]['ce'] < threshold
-    assert ((ces[1]['iter'], logged)
-            in seed_noise.plateau_escapes(str(prepared), threshold)['cpu_moe'])
-    # never below 0
-    assert (None, logged) in seed_noise.plateau_escapes(str(prepared), 0.0)['cpu_moe']
 
 
 class FixedLogits(torch.nn.Module):

@@ -1,7 +1,5 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
-import glob
 import json
-import os
 import subprocess
 import sys
 
@@ -235,71 +233,15 @@ def test_stages_compute_what_they_are_named():
 def test_bench_times_a_variant_against_dense_models_matched_to_it():
     """The dense models take the variant's sizes but none of its MoE-only settings (the selection
     bias)."""
-    out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe_bias.py', '--steps=1',
+    # the aux-loss-free variant: the selection bias instead of the Switch loss
+    variant = ['config/cpu_moe.py', '--bias_rate=1e-3', '--aux_loss_coef=0.0']
+    out = subprocess.run([sys.executable, 'bench.py', *variant, '--steps=1',
                           '--rounds=2', '--d_model=16', '--moe_hidden=16', '--block_size=32',
                           '--batch_size=4', '--ffn_multiple_of=1'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result['ms_per_step']) == {'moe', 'dense_active', 'dense_total', 'naive_moe'}
-
-
-def test_compute_budget_prints_the_tokens_of_dense_totals_flops_and_time(tmp_path, capsys,
-                                                                        monkeypatch):
-    """The --max_tokens that make compute passes: the recipe's 4,585,000 tokens times
-    cpu_dense_total's FLOPs a token over cpu_moe's (1,639,176 / 1,085,832), or times dense_total's
-    step time over the MoE's from a bench.py output file."""
-    monkeypatch.syspath_prepend(os.path.join(REPO, 'scripts'))
-    import compute_budget
-    compute_budget.main(['flops', os.path.join(REPO, 'config', 'cpu_moe.py')])
-    assert capsys.readouterr().out == f'{round(4585000 * 1639176 / 1085832)}\n'
-    bench_file = tmp_path / 'cpu_moe.txt'
-    result = {'ms_per_step': {'moe': 160.0, 'dense_total': 200.0}, 'hardware': 'a CPU'}
-    bench_file.write_text('a table\n' + json.dumps(result) + '\n')
-    compute_budget.main(['time', os.path.join(REPO, 'config', 'cpu_moe.py'), str(bench_file)])
-    assert capsys.readouterr().out == f'{round(4585000 * 200 / 160)}\n'
-    assert bench.read_step_times(bench_file) == {'moe': 160.0, 'dense_total': 200.0,
-                                                 'hardware': 'a CPU', 'torch': None}
-
-
-def test_a_budget_is_planned_once_and_then_read(tmp_path, capsys, monkeypatch):
-    """make compute's tokens come from the budgets file; a budget missing there is planned from
-    the bench file and written in, and a bench file measured again later changes nothing."""
-    monkeypatch.syspath_prepend(os.path.join(REPO, 'scripts'))
-    import compute_budget
-    monkeypatch.chdir(REPO)  # configs are named from the repository, as make names them
-    budgets, bench_dir = tmp_path / 'budgets.json', tmp_path / 'bench'
-    bench_dir.mkdir()
-    budgets.write_text(json.dumps({'time_cpu_moe_shared': 6019949}))
-    result = {'ms_per_step': {'moe': 160.0, 'dense_total': 200.0}}
-    (bench_dir / 'cpu_moe.txt').write_text(json.dumps(result) + '\n')
-    compute_budget.main(['tokens', 'time_cpu_moe_shared', str(budgets), str(bench_dir)])
-    compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
-    assert capsys.readouterr().out == f'6019949\n{round(4585000 * 200 / 160)}\n'
-    planned = {'time_cpu_moe': round(4585000 * 200 / 160), 'time_cpu_moe_shared': 6019949}
-    assert json.loads(budgets.read_text()) == planned
-    result['ms_per_step']['moe'] = 100.0
-    (bench_dir / 'cpu_moe.txt').write_text(json.dumps(result) + '\n')
-    compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
-    assert capsys.readouterr().out == f'{planned["time_cpu_moe"]}\n'
-    with pytest.raises(plumbing.UserError, match='not a budget run'):
-        compute_budget.main(['tokens', 'cpu_moe', str(budgets), str(bench_dir)])
-    budgets.write_text('{"time_cpu_moe": 57')  # cut off: not an empty plan to start again from
-    with pytest.raises(plumbing.UserError, match='not valid JSON.*restore it from git'):
-        compute_budget.main(['tokens', 'time_cpu_moe', str(budgets), str(bench_dir)])
-    assert budgets.read_text() == '{"time_cpu_moe": 57'
-
-
-def test_the_committed_budgets_are_what_the_committed_runs_trained_for():
-    with open(os.path.join(REPO, 'results', 'cpu', 'compute', 'budgets.json')) as f:
-        budgets = json.load(f)
-    runs = os.path.join(REPO, 'results', 'cpu', 'compute', 'runs')
-    trained = {}
-    for path in glob.glob(f'{runs}/flops_*/config.json') + glob.glob(f'{runs}/time_*/config.json'):
-        with open(path) as f:
-            c = json.load(f)
-        trained.setdefault(c['config_name'], set()).add(c['max_tokens'])
-    assert {name: {tokens} for name, tokens in budgets.items()} == trained
 
 
 def test_a_bench_file_without_the_json_line_is_one_clear_error(tmp_path):

@@ -2,9 +2,9 @@
 training FLOPs, or in time on this machine (from bench.py's step times, measured with the configs in
 one process, one thread, interleaved). Prints one integer, the --max_tokens for train.py.
 
-    python scripts/compute_budget.py flops config/cpu_moe.py
-    python scripts/compute_budget.py time config/cpu_moe.py results/cpu/compute/bench/cpu_moe.txt
-    python scripts/compute_budget.py tokens time_cpu_moe   # what make compute trains: below
+    python -m study.compute_budget flops config/cpu_moe.py
+    python -m study.compute_budget time config/cpu_moe.py results/cpu/compute/bench/cpu_moe.txt
+    python -m study.compute_budget tokens time_cpu_moe   # what make compute trains: below
 
 A bench file is what `OMP_NUM_THREADS=1 python bench.py CONFIG` printed: its last line is JSON with
 ms_per_step for moe (the config) and dense_total (matched to the config's total params). The budget
@@ -22,10 +22,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench  # noqa: E402
-import train  # noqa: E402
-from plumbing import UserError, one_line_errors  # noqa: E402
+import bench
+import train
+from plumbing import UserError, one_line_errors
 
 DENSE_TOTAL = 'config/cpu_dense_total.py'
 BUDGETS = 'results/cpu/compute/budgets.json'
@@ -70,6 +69,12 @@ def read_budgets(path):
     return budgets
 
 
+def config_file(name):
+    """A config's file, as make finds it: config/<name>.py, else the study's own."""
+    path = f'config/{name}.py'
+    return path if os.path.exists(path) else f'study/config/{name}.py'
+
+
 def planned_tokens(name, budgets=BUDGETS, bench_folder=BENCH):
     """The tokens of budget run `name` from the budgets file; planned and written in if absent.
     A lock file keeps two plans from writing at once (make -j2 may start two seeds of a new
@@ -83,7 +88,7 @@ def planned_tokens(name, budgets=BUDGETS, bench_folder=BENCH):
         tokens = read_budgets(budgets)
         if name not in tokens:
             bench_file = os.path.join(bench_folder, f'{config}.txt')
-            tokens[name] = plan(kind, f'config/{config}.py', bench_file)
+            tokens[name] = plan(kind, config_file(config), bench_file)
             with open(budgets + '.tmp', 'w') as f:
                 json.dump(dict(sorted(tokens.items())), f, indent=1)
                 f.write('\n')

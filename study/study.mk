@@ -1,6 +1,6 @@
-# The CPU study (results/cpu/README.md), included by the Makefile. `OMP_NUM_THREADS=1 make -j2 study` runs two
-# trainings at a time (about 1.8x the throughput of one on 2 cores). Every report is made from the logs kept in
-# results/cpu/runs/, so it can be remade from the committed logs alone.
+# The CPU study (study/README.md, results/cpu/README.md), included by the Makefile. `OMP_NUM_THREADS=1 make -j2
+# study` runs two trainings at a time (about 1.8x the throughput of one on 2 cores). Every report is made from the
+# logs kept in results/cpu/, so it can be remade from the committed logs alone (study/README.md).
 #
 # The first protocol: every run of make study, study2, noise and compute warms up over 2% of its own steps (the
 # paper's fraction), as those runs were trained before the CPU recipe fixed its warmup at 224 steps (make warmup,
@@ -26,7 +26,7 @@ SCAN_RUNS := $(foreach d,$(SCAN_WIDTHS),$(foreach c,cpu_moe cpu_dense_active cpu
 # 1,120: the budget is what is smaller here, so the schedule is shorter too)
 SHORT_RUNS := $(foreach c,cpu_moe cpu_dense_active cpu_dense_total,out/short_d96_$(c)-s1/done.json)
 NOISE_RUNS := $(foreach c,cpu_moe cpu_dense_active,$(foreach v,i2-d1 i3-d1 i1-d2 i1-d3,out/first/noise_$(c)-$(v)/done.json))
-# the MoE variants of make study2 (config/cpu_moe_*.py), trained by the generic rule below
+# the MoE variants of make study2 (study/config/cpu_moe_*.py), trained by the generic rule below
 VARIANTS ?= cpu_moe_init0 cpu_moe_lr01 cpu_moe_fine8 cpu_moe_fine16 cpu_moe_shared cpu_moe_bias \
 	cpu_moe_shared_lr01 cpu_moe_shared_bias cpu_moe_shared_fine
 VARIANT_SEEDS ?= 6 7 8 9 10
@@ -38,9 +38,9 @@ keep = for run in $(dir $1); do mkdir -p $(or $2,results/cpu/runs)/$$(basename $
 	cp $$run/log.jsonl $$run/config.json $(or $2,results/cpu/runs)/$$(basename $$run)/; done
 study: setup $(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) noise
 	$(call keep,$(MAIN_RUNS) $(ABLATION_RUNS) $(SCAN_RUNS) $(SHORT_RUNS) $(NOISE_RUNS))
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(ABLATION_RUNS)) --out results/cpu/ablations
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(SCAN_RUNS) $(SHORT_RUNS)) --out results/cpu/scan
 	for c in cpu_moe cpu_dense_active cpu_dense_total; do $(PYTHON) sample.py --out_dir out/first/$$c-s1 --num_samples 2 \
 		--max_new_tokens 800 > results/cpu/runs/$$c-s1/samples.txt; done
 # every run in out/first/ but the seed-noise ones: make study's, and make compute's whichever STUDY_SEEDS are
@@ -52,32 +52,34 @@ $(sort $(ABLATION_RUNS) $(VARIANT_RUNS)): out/%/done.json: | data/tinystories_by
 scan_width = $(word 1,$(subst _, ,$1))
 scan_config = $(word 1,$(subst -s, ,$(patsubst $(call scan_width,$1)_%,%,$1)))
 $(SCAN_RUNS): out/scan_d%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=$(call scan_width,$*) \
-		--moe_hidden=$$((2 * $(call scan_width,$*))) --config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) \
+		--d_model=$(call scan_width,$*) --moe_hidden=$$((2 * $(call scan_width,$*))) \
+		--config_name=scan_d$(call scan_width,$*)_$(call scan_config,$*) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/scan_d$*/log.jsonl),--resume=True)
 $(SHORT_RUNS): out/short_d96_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
+	$(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) --d_model=96 \
 		--moe_hidden=192 --max_tokens=1146880 --config_name=short_d96_$(word 1,$(subst -s, ,$*)) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/short_d96_$*/log.jsonl),--resume=True)
-# where the seed noise comes from: runs that hold seed 1's init or data order (scripts/seed_noise.py)
+# where the seed noise comes from: runs that hold seed 1's init or data order (study/seed_noise.py)
 noise: setup $(MAIN_RUNS) $(NOISE_RUNS)
-	$(PYTHON) scripts/seed_noise.py --runs out/first --out results/cpu/noise
+	$(PYTHON) -m study.seed_noise --runs out/first --out results/cpu/noise
 # out/first/noise_cpu_moe-i2-d1/done.json -> config/cpu_moe.py with init seed 2 and the data order of seed 1
 noise_part = $(word $2,$(subst -, ,$1))
 $(NOISE_RUNS): out/first/noise_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call noise_part,$*,1).py --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
+	$(PYTHON) train.py $(call config_file,$(call noise_part,$*,1)) --seed=$(patsubst i%,%,$(call noise_part,$*,2)) \
 		--data_seed=$(patsubst d%,%,$(call noise_part,$*,3)) --config_name=noise_$(call noise_part,$*,1) \
 		--out_dir=$(@D) $(FIRST_PROTOCOL) $(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
 
 # make study2: the main protocol at 10 seeds, and the token budget as separate runs at the fixed d_model 44 trio:
 # BUDGETS percent of the recipe's 4.59M tokens (25, 50, 200; 100 is the main protocol), each with its own warmup
-# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (report.py's scan rows)
-# Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named cpu_moe_rs_<setting>) on
-# ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs, cpu_moe_init0 and cpu_moe_lr01,
-# run with the variants), and the MoE variants at cpu_moe's active and total FFN size (VARIANTS,
-# config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (report.py's variants: each against cpu_moe and
-# both dense models of the same seed; results/cpu/README.md says which CPU trained which runs).
+# and cosine schedule; 200 sees the 4.0M-byte train split 2.3 times. -> results/cpu/budgets (study/report.py's
+# scan rows). Then the router start: cpu_moe with one router setting changed (ROUTER_STARTS, named
+# cpu_moe_rs_<setting>) on ROUTER_SEEDS (the zero router and a tenth of the router LR are named configs,
+# cpu_moe_init0 and cpu_moe_lr01, run with the variants), and the MoE variants at cpu_moe's active and total FFN
+# size (VARIANTS, study/config/cpu_moe_*.py) on VARIANT_SEEDS -> results/cpu/variants (study/report.py's
+# variants: each against cpu_moe and both dense models of the same seed; results/cpu/README.md says which CPU
+# trained which runs).
 BUDGETS ?= 25 50 200
 BUDGET_SEEDS ?= 1 2 3 4 5
 RECIPE_TOKENS := $(shell $(PYTHON) -c "from config.cpu_recipe import max_tokens; print(max_tokens)" 2>/dev/null)
@@ -98,21 +100,21 @@ rs_lb01 = --aux_loss_coef=0.1
 ROUTER_RUNS := $(foreach r,$(ROUTER_STARTS),$(foreach s,$(ROUTER_SEEDS),out/cpu_moe_rs_$(r)-s$(s)/done.json))
 study2: setup $(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS)
 	$(call keep,$(MAIN_RUNS) $(BUDGET_RUNS) $(ROUTER_RUNS) $(VARIANT_RUNS))
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS)) --out results/cpu
-	$(PYTHON) report.py $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
-	$(PYTHON) report.py $(VARIANT_BASE_RUNS) $(call kept,$(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS)) --out results/cpu
+	$(PYTHON) -m study.report $(call kept,$(MAIN_RUNS) $(BUDGET_RUNS)) --out results/cpu/budgets
+	$(PYTHON) -m study.report $(VARIANT_BASE_RUNS) $(call kept,$(ROUTER_RUNS) $(VARIANT_RUNS)) --out results/cpu/variants
 	@# each variant's cost per step against dense models matched to it (the finer experts' wider routers need
 	@# match_tol 2.5% at this width), one thread
 	mkdir -p results/cpu/variants/bench
-	for v in cpu_moe $(VARIANTS); do OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$$v.py --match_tol=0.025 \
-		> results/cpu/variants/bench/$$v.txt || exit 1; done
+	for c in $(foreach v,cpu_moe $(VARIANTS),$(call config_file,$(v))); do OMP_NUM_THREADS=1 $(PYTHON) bench.py \
+		$$c --match_tol=0.025 > results/cpu/variants/bench/$$(basename $$c .py).txt || exit 1; done
 # out/cpu_moe_rs_lr03-s7/done.json -> config/cpu_moe.py, seed 7, $(rs_lr03), named cpu_moe_rs_lr03
 $(ROUTER_RUNS): out/cpu_moe_rs_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py config/cpu_moe.py --seed=$(word 2,$(subst -s, ,$*)) $(rs_$(word 1,$(subst -s, ,$*))) \
 		--config_name=cpu_moe_rs_$(word 1,$(subst -s, ,$*)) $(FIRST_PROTOCOL) $(if $(wildcard out/cpu_moe_rs_$*/log.jsonl),--resume=True)
 # out/b25_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a quarter of the recipe's tokens, named b25_cpu_moe
 $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(word 2,$(subst -s, ,$*)) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(word 2,$(subst -s, ,$*)) \
 		--max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) --config_name=b$(word 1,$(subst -s, ,$*)) \
 		$(FIRST_PROTOCOL) $(if $(wildcard out/b$*/log.jsonl),--resume=True)
 
@@ -122,7 +124,7 @@ $(BUDGET_RUNS): out/b%/done.json: | data/tinystories_bytes/meta.json
 # step times in results/cpu/compute/bench/<config>.txt, all configs in one process, one thread), each budget
 # with its own warmup (the first protocol's) and cosine schedule; paired with cpu_dense_total of the same seeds,
 # trained on the same kind of CPU. Each budget's tokens are planned once, into COMPUTE_BUDGETS
-# (scripts/compute_budget.py), so a bench measured again later does not change them. The logs are kept in
+# (study/compute_budget.py), so a bench measured again later does not change them. The logs are kept in
 # results/cpu/compute/runs/ (not runs/: another kind of CPU trained those).
 COMPUTE_MOES ?= cpu_moe cpu_moe_sparse16 cpu_moe_shared
 COMPUTE_SEEDS ?= 1 2 3 4 5
@@ -147,8 +149,8 @@ COMPUTE_OTHER_RUNS := $(filter-out out/first/% $(ABLATION_RUNS) $(VARIANT_RUNS),
 $(COMPUTE_OTHER_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN) $(FIRST_PROTOCOL)
 # the report; with make ratio's step-time ratios once they are measured
-COMPUTE_REPORT = $(PYTHON) report.py $(call kept,$(compute_runs),results/cpu/compute/runs) --out results/cpu/compute \
-	--bench $(COMPUTE_BENCH)
+COMPUTE_REPORT = $(PYTHON) -m study.report $(call kept,$(compute_runs),results/cpu/compute/runs) \
+	--out results/cpu/compute --bench $(COMPUTE_BENCH)
 RATIO_REPORT = $(if $(wildcard $(RATIO)/*/*.txt),--ratio $(RATIO))
 compute: setup $(compute_runs)
 	$(call keep,$(compute_runs),results/cpu/compute/runs)
@@ -159,33 +161,38 @@ compute: setup $(compute_runs)
 BENCH_ARGS_cpu_moe_sparse16 = --ffn_multiple_of=16 --match_tol=0.025
 $(COMPUTE_BENCH)/%.txt:
 	mkdir -p $(COMPUTE_BENCH)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --steps=20 --rounds=5 $(BENCH_ARGS_$*) > $@.tmp && mv $@.tmp $@
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=20 --rounds=5 $(BENCH_ARGS_$*) \
+		> $@.tmp && mv $@.tmp $@
 # out/flops_cpu_moe-s2/done.json -> config/cpu_moe.py, seed 2, trained for cpu_dense_total's FLOPs
 budget_config = $(word 1,$(subst -s, ,$1))
 budget_seed = $(word 2,$(subst -s, ,$1))
 $(FLOPS_RUNS): out/flops_%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=flops_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py tokens flops_$(call budget_config,$*) \
-		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
+		--config_name=flops_$(call budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens \
+		flops_$(call budget_config,$*) $(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) \
+		$(if $(wildcard out/flops_$*/log.jsonl),--resume=True)
 # order-only: a run needs the step times to exist; a bench measured later does not retrain it
 $(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENCH)/$(c).txt) \
 		data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) --config_name=time_$(call \
-		budget_config,$*) --max_tokens=$$($(PYTHON) scripts/compute_budget.py tokens time_$(call budget_config,$*) \
-		$(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) $(if $(wildcard out/time_$*/log.jsonl),--resume=True)
+	$(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
+		--config_name=time_$(call budget_config,$*) --max_tokens=$$($(PYTHON) -m study.compute_budget tokens \
+		time_$(call budget_config,$*) $(COMPUTE_BUDGETS) $(COMPUTE_BENCH)) $(FIRST_PROTOCOL) \
+		$(if $(wildcard out/time_$*/log.jsonl),--resume=True)
 
 # make ratio: what a machine charges for an MoE, r = cpu_dense_total's step time over the MoE's, as a distribution
-# (results/cpu/compute/ratio/<setting>/<config>.txt; report.py --ratio sets them against k*). bench.py, one thread,
-# the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a second
-# bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160: cpu_moe_d160, no k*
-# there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together on PAIR_SEEDS
-# (scripts/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which lowers r
+# (results/cpu/compute/ratio/<setting>/<config>.txt; study/report.py --ratio sets them against k*). bench.py, one
+# thread, the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a
+# second bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160:
+# cpu_moe_d160, no k* there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together
+# on PAIR_SEEDS (study/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which
+# lowers r
 RATIO_ROUNDS ?= 10
 PAIR_SEEDS ?= 1 2 3
 RATIO := results/cpu/compute/ratio
 RATIO_FILES := $(foreach s,alone side_by_side whole_runs,$(foreach c,$(COMPUTE_MOES),$(RATIO)/$(s)/$(c).txt)) \
 	$(RATIO)/paper_width/cpu_moe_d160.txt
-RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --steps=10 --rounds=$(RATIO_ROUNDS) $(BENCH_ARGS_$*)
+RATIO_BENCH = OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --steps=10 --rounds=$(RATIO_ROUNDS) \
+	$(BENCH_ARGS_$*)
 ratio: setup
 	@# -j1: two timings at once would be neither alone nor side by side
 	$(MAKE) -j1 $(RATIO_FILES)
@@ -202,18 +209,18 @@ pairs = $(foreach s,$(PAIR_SEEDS),out/pairs/$1-s$(s)/done)
 .SECONDEXPANSION:
 $(RATIO)/whole_runs/%.txt: $$(call pairs,$$*)
 	mkdir -p $(@D)
-	$(PYTHON) scripts/pair_ratio.py $(dir $^) > $@.tmp && mv $@.tmp $@
+	$(PYTHON) -m study.pair_ratio $(dir $^) > $@.tmp && mv $@.tmp $@
 # out/pairs/cpu_moe-s2/done: cpu_dense_total and cpu_moe, seed 2, started together; a wall clock cut short means
 # nothing, so an interrupted pair starts again
 out/pairs/%/done: | data/tinystories_bytes/meta.json
 	rm -rf $(@D) && mkdir -p $(@D)
 	OMP_NUM_THREADS=1 $(PYTHON) train.py config/cpu_dense_total.py --seed=$(call budget_seed,$*) \
 		--out_dir=$(@D)/dense_total & dense=$$!; \
-	OMP_NUM_THREADS=1 $(PYTHON) train.py config/$(call budget_config,$*).py --seed=$(call budget_seed,$*) \
+	OMP_NUM_THREADS=1 $(PYTHON) train.py $(call config_file,$(call budget_config,$*)) --seed=$(call budget_seed,$*) \
 		--out_dir=$(@D)/moe; moe=$$?; wait $$dense && [ $$moe -eq 0 ] && touch $@
 $(RATIO)/paper_width/%_d160.txt:
 	mkdir -p $(@D)
-	OMP_NUM_THREADS=1 $(PYTHON) bench.py config/$*.py --d_model=160 --n_head=5 --moe_hidden=1632 \
+	OMP_NUM_THREADS=1 $(PYTHON) bench.py $(call config_file,$*) --d_model=160 --n_head=5 --moe_hidden=1632 \
 		--ffn_multiple_of=32 --steps=1 --rounds=$(RATIO_ROUNDS) > $@.tmp && mv $@.tmp $@
 
 # make warmup: the study under a warmup fixed in steps (results/cpu/warmup), the CPU recipe's since. The first
@@ -243,17 +250,17 @@ WARMUP_FRACTION_RUNS := $(foreach c,$(WARMUP_CONFIGS) cpu_moe_shared,$(foreach s
 	$(foreach b,$(BUDGETS),$(foreach c,$(WARMUP_CONFIGS),$(foreach s,$(BUDGET_SEEDS),results/cpu/runs/b$(b)_$(c)-s$(s))))
 warmup: setup $(WARMUP_SWEEP) $(WARMUP_STUDY) $(WARMUP_BUDGETS)
 	$(call keep,$(WARMUP_RUNS) $(WARMUP_BUDGETS),results/cpu/warmup/runs)
-	$(PYTHON) scripts/warmup_report.py --chosen $(WARMUP) --out results/cpu/warmup $(WARMUP_FRACTION_RUNS) \
+	$(PYTHON) -m study.warmup_report --chosen $(WARMUP) --out results/cpu/warmup $(WARMUP_FRACTION_RUNS) \
 		$(call kept,$(WARMUP_RUNS) $(WARMUP_BUDGETS),results/cpu/warmup/runs)
 # out/w112_cpu_moe-s3/done.json -> config/cpu_moe.py, seed 3, a warmup of 112 steps, named w112_cpu_moe
-WARMUP_TRAIN = $(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(call budget_seed,$*) \
+WARMUP_TRAIN = $(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(call budget_seed,$*) \
 	--warmup_iters=$(call scan_width,$*) --config_name=w$(call budget_config,$*) \
 	$(if $(wildcard out/w$*/log.jsonl),--resume=True)
 $(WARMUP_RUNS): out/w%/done.json: | data/tinystories_bytes/meta.json
 	$(WARMUP_TRAIN)
 # out/w112_b25_cpu_moe-s3/done.json -> the same at a quarter of the recipe's tokens, named w112_b25_cpu_moe
 $(WARMUP_BUDGETS): out/w$(WARMUP)_b%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call scan_config,$*).py --seed=$(call budget_seed,$*) \
+	$(PYTHON) train.py $(call config_file,$(call scan_config,$*)) --seed=$(call budget_seed,$*) \
 		--warmup_iters=$(WARMUP) --max_tokens=$$(($(RECIPE_TOKENS) * $(call scan_width,$*) / 100)) \
 		--config_name=w$(WARMUP)_b$(call budget_config,$*) $(if $(wildcard out/w$(WARMUP)_b$*/log.jsonl),--resume=True)
 
@@ -277,7 +284,7 @@ BREAK_EVEN_BASE := $(foreach c,$(BREAK_EVEN_MOES),$(call warmup_runs,$(WARMUP),$
 BREAK_EVEN_OTHER_BASE := $(filter-out $(WARMUP_RUNS),$(BREAK_EVEN_BASE))
 break_even: setup $(BREAK_EVEN_RUNS) $(BREAK_EVEN_BASE)
 	$(call keep,$(BREAK_EVEN_RUNS) $(BREAK_EVEN_OTHER_BASE),results/cpu/break_even/runs)
-	$(PYTHON) report.py $(call kept,$(filter $(WARMUP_RUNS),$(BREAK_EVEN_BASE)),results/cpu/warmup/runs) \
+	$(PYTHON) -m study.report $(call kept,$(filter $(WARMUP_RUNS),$(BREAK_EVEN_BASE)),results/cpu/warmup/runs) \
 		$(call kept,$(BREAK_EVEN_RUNS) $(BREAK_EVEN_OTHER_BASE),results/cpu/break_even/runs) \
 		--out results/cpu/break_even $(RATIO_REPORT)
 $(BREAK_EVEN_OTHER_BASE): out/w%/done.json: | data/tinystories_bytes/meta.json
@@ -286,7 +293,7 @@ $(BREAK_EVEN_OTHER_BASE): out/w%/done.json: | data/tinystories_bytes/meta.json
 k_of = $(word 1,$(subst _, ,$1))
 k_config = $(patsubst $(call k_of,$1)_w$(WARMUP)_%,%,$(call budget_config,$1))
 $(BREAK_EVEN_RUNS): out/k%/done.json: | data/tinystories_bytes/meta.json
-	$(PYTHON) train.py config/$(call k_config,$*).py --seed=$(call budget_seed,$*) --warmup_iters=$(WARMUP) \
+	$(PYTHON) train.py $(call config_file,$(call k_config,$*)) --seed=$(call budget_seed,$*) --warmup_iters=$(WARMUP) \
 		--max_tokens=$$($(PYTHON) -c 'print(round($(RECIPE_TOKENS) * $(call k_of,$*)))') \
 		--config_name=k$(call budget_config,$*) $(if $(wildcard out/k$*/log.jsonl),--resume=True)
 

@@ -2,20 +2,17 @@
 loss): per run, the logged training lines up to --until steps, with CE and the router's health on
 that step's batch (mean over layers).
 
-    python scripts/plateau.py results/cpu/runs/cpu_moe-s* [--until 300] [--out plateau.md]
+    python -m study.plateau results/cpu/runs/cpu_moe-s* [--until 300] [--out plateau.md]
 
 busiest_frac 0.5 with top-2 of 4 experts means one expert gets every token; router_entropy near
 ln 4 = 1.386 a router that is still uniform over experts per token. Each run's exit step is the
-first logged step with CE < 2.5 (as scripts/seed_noise.py counts it).
+first logged step with CE < 2.5 (as study/seed_noise.py counts it).
 """
 import argparse
 import json
 import os
-import sys
 
-# the scripts in this folder import from the repository root (scripts/ is not a package)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing import UserError, one_line_errors  # noqa: E402
+from plumbing import UserError, one_line_errors
 
 KEYS = ('ce', 'busiest_frac', 'router_entropy', 'log_z')
 EXIT_CE = 2.5

@@ -1,10 +1,11 @@
-"""scripts/warmup_report.py on synthetic runs whose best val losses are known exactly."""
+"""study/warmup_report.py on synthetic runs whose best val losses are known exactly."""
 import json
 import statistics
 
 import pytest
-import warmup_report
-from test_report import read_config, write_run
+
+from study import warmup_report
+from tests.test_report import read_config, write_run
 
 SEEDS = (1, 2, 3, 4, 5)
 # best val loss of seed s: BASE[warmup][config] + 0.001 * s. cpu_dense_total is best at 112

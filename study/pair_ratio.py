@@ -4,17 +4,16 @@ dense_total's training time over the MoE's, from their logs (evaluation excluded
 counts it); over the pairs, its median and quartiles. Prints bench.py's form (a line, then the JSON
 line), so that report.py --ratio reads it beside the step-time ratios.
 
-    python scripts/pair_ratio.py out/pairs/cpu_moe-s1 out/pairs/cpu_moe-s2 out/pairs/cpu_moe-s3
+    python -m study.pair_ratio out/pairs/cpu_moe-s1 out/pairs/cpu_moe-s2 out/pairs/cpu_moe-s3
 """
 import json
 import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench  # noqa: E402
-import report  # noqa: E402
-from plumbing import UserError, one_line_errors  # noqa: E402
+import bench
+import report
+from plumbing import UserError, one_line_errors
 
 
 def warn(message):

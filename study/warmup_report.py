@@ -1,7 +1,7 @@
 """The CPU study under a warmup fixed in steps (make warmup): the sweep, the rule's pick, the
 study at the picked warmup, the token budgets under it, and the routers' first steps.
 
-    python scripts/warmup_report.py --chosen 112 --out results/cpu/warmup RUN_FOLDER...
+    python -m study.warmup_report --chosen 112 --out results/cpu/warmup RUN_FOLDER...
 
 A run's name says its cell: `w112_b25_cpu_moe` is cpu_moe with a warmup of 112 steps
 (`--warmup_iters=112`) on 25% of the recipe's tokens; without `w<steps>_` the warmup is the
@@ -17,10 +17,10 @@ import sys
 import types
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import report  # noqa: E402
-import train  # noqa: E402
-from plumbing import UserError, one_line_errors  # noqa: E402
+import report
+import train
+from plumbing import UserError, one_line_errors
+from study.compute import t_statistic
 
 FRACTION = '2%'  # the warmup of a run without w<steps>_: the first protocol's 2% of its steps
 WARMUPS = (FRACTION, '56', '112', '224')
@@ -67,7 +67,7 @@ def only_seeds(seeds, wanted):
 def gap_entry(a, b):
     """report.paired(a, b) with its t statistic; NO_GAP where they share no seed."""
     gap = report.paired(a, b) or report.NO_GAP
-    return {**gap, 't': report.t_statistic(gap) if gap['n'] else None}
+    return {**gap, 't': t_statistic(gap) if gap['n'] else None}
 
 
 def config_entry(seeds):

@@ -2,7 +2,7 @@
 validation set.
 
     make noise                                        # its runs, then this script
-    python scripts/seed_noise.py --runs out/first --out results/cpu/noise
+    python -m study.seed_noise --runs out/first --out results/cpu/noise
 
 `seed` sets both the init and the data order; `data_seed` sets the data order alone. For cpu_moe
 and cpu_dense_active, three groups of three runs each share seed 1's init or its data order:
@@ -27,17 +27,15 @@ import json
 import math
 import os
 import statistics
-import sys
 import types
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing import UserError, one_line_errors  # noqa: E402
-from report import mean_std  # noqa: E402
-from sample import load_model  # noqa: E402
-from train import load_data  # noqa: E402
+from plumbing import UserError, one_line_errors
+from report import mean_std
+from sample import load_model
+from train import load_data
 
 CONFIGS = ('cpu_moe', 'cpu_dense_active')
 # (init seed, data seed) of each run; seed s alone means (s, s). The Makefile's NOISE_RUNS train
@@ -189,7 +187,7 @@ def markdown(rows, n, se, plateau_ce, escapes):
     lines = [
         '# Seed noise at CPU scale: where it comes from', '',
         'Standard deviation of the best validation loss over runs that differ only in the named '
-        'source (`python scripts/seed_noise.py`). Active gap = dense_active - moe, paired run by '
+        'source (`python -m study.seed_noise`). Active gap = dense_active - moe, paired run by '
         'run.', '',
         '| what varies | runs | cpu_moe std | cpu_dense_active std | active gap std | '
         'active gap mean |',

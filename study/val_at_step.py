@@ -1,7 +1,7 @@
 """A config's val loss at one evaluation step, seed-paired against another config's best val loss:
 how a longer run stood when it had seen a shorter budget's tokens.
 
-    python scripts/val_at_step.py --iter 1400 results/cpu/compute/runs/time_cpu_moe-s* \
+    python -m study.val_at_step --iter 1400 results/cpu/compute/runs/time_cpu_moe-s* \
         --against results/cpu/compute/runs/cpu_dense_total-s*
 
 This is an optimistic reading of what a run planned for the shorter budget would reach: at a
@@ -9,19 +9,18 @@ given step the longer run's learning rate is still higher, yet in the logs of ma
 planned shorter ended worse than the longer run at the same tokens in most pairs. --bias measures
 that over every pair of runs of one MoE and seed planned for different budgets:
 
-    python scripts/val_at_step.py --bias results/cpu/compute/runs/*
+    python -m study.val_at_step --bias results/cpu/compute/runs/*
 
 Prints each seed's difference and their mean ± std [k of n < 0], t (or, with --bias, each pair's
 difference: the shorter run's best minus the longer run's val loss at the shorter's tokens, linear
 between its evaluations either side, which leans high for a convex curve).
 """
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import report  # noqa: E402
-from plumbing import UserError, one_line_errors  # noqa: E402
+import report
+from plumbing import UserError, one_line_errors
+from study import compute
 
 
 def load(paths, what):
@@ -60,7 +59,7 @@ def planning_bias(runs):
     shorter run's best val loss minus the longer run's val loss at the shorter run's tokens."""
     by_config = {}
     for name, seeds in runs.items():
-        budget, config = report.budget_of(name)
+        budget, config = compute.budget_of(name)
         for seed, run in seeds.items():
             by_config.setdefault((config, seed), []).append((run['tokens'], budget, run))
     pairs = []
@@ -109,9 +108,9 @@ def main(argv):
         raise UserError('the two configs share no seed')
     for seed, value in gap['per_seed'].items():
         print(f'seed {seed}: {value:+.4f}')
-    t = report.t_statistic(gap)
+    t = compute.t_statistic(gap)
     t_text = '-' if t is None else f'{t:.1f}'
-    print(f'at step {args.iter}: {report.vs_dense_text(gap)}, t {t_text}')
+    print(f'at step {args.iter}: {compute.vs_dense_text(gap)}, t {t_text}')
     return gap
 
 

@@ -1,0 +1,1 @@
+"""The CPU study: python -m study.<script> from the top of the repository (README.md)."""
