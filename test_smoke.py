@@ -1,6 +1,9 @@
 """The smoke test: prepare -> train -> sample end to end on tiny made-up stories, dense and MoE, and
-what a run writes. Shared helpers live in tests/conftest.py (its fixtures reach this file through
-the conftest.py beside it); the unit tests in tests/. CPU only."""
+what a run writes. It makes its own tiny data with the helpers of tests/conftest.py, which the unit
+tests use too. CPU only.
+
+    python -m pytest -q test_smoke.py
+"""
 import json
 import math
 import os
@@ -11,7 +14,14 @@ import torch
 
 import sample
 import train
-from tests.conftest import REPO, TINY, config, run
+from tests.conftest import REPO, TINY, config, prepare_tiny_data, run
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+    """The tiny data, prepared once for this file's runs."""
+    return prepare_tiny_data(tmp_path_factory.mktemp('e2e'))
+
 
 # (the run's name, its config, overrides): the CPU recipe's MoE and dense model, and the naive
 # router, top-1 without load balancing

@@ -3,7 +3,7 @@ The paper's claims at CPU scale under the CPU recipe (224 warmup steps, the reci
 ablations at cpu_moe's layout, the activation rate at a fixed total size, and the shared expert
 against dense_total under its pre-registered test. From the committed run folders:
 
-    python study/claims.py results/cpu/warmup/runs results/cpu/claims/runs --out results/cpu/claims
+    python -m study.claims results/cpu/warmup/runs results/cpu/claims/runs --out results/cpu/claims
 
 Every comparison is seed-paired (seed s against seed s) and read with a paired t; the runs are
 named as make warmup and make claims_runs / shared_runs name them (w224_<config>-s<seed>).
@@ -15,9 +15,8 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import report  # noqa: E402
-from plumbing import UserError, one_line_errors  # noqa: E402
+import report
+from plumbing import UserError, one_line_errors
 
 # a paper claim is decided where a paired t passes this (either sign); else "not established"
 T_DECIDES = 2.5
@@ -378,5 +377,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    with one_line_errors('study/claims.py'):
+    with one_line_errors('study.claims'):
         main(sys.argv[1:])

@@ -307,10 +307,16 @@ CLAIM_ABLATIONS := cpu_moe_top1 cpu_moe_top1_nolb cpu_moe_noz cpu_moe_nolb
 CLAIM_ACTIVATION := cpu_moe_fine8_top1 cpu_moe_fine8_top2 cpu_moe_fine8 cpu_moe_fine8_top8
 CLAIM_RUNS := $(call warmup_runs,$(WARMUP),$(CLAIM_ABLATIONS) $(CLAIM_ACTIVATION),$(CLAIM_SEEDS))
 # the shared expert against dense_total on fresh seeds, under the criterion fixed before their runs in
-# results/cpu/shared_preregistration.md -> results/cpu/shared
+# results/cpu/shared_preregistration.md -> results/cpu/claims (its own section)
 SHARED_SEEDS ?= $(shell seq 21 50)
 SHARED_RUNS := $(call warmup_runs,$(WARMUP),cpu_dense_total cpu_moe_shared,$(SHARED_SEEDS))
 $(CLAIM_RUNS) $(SHARED_RUNS): out/w%/done.json: | data/tinystories_bytes/meta.json
 	$(WARMUP_TRAIN)
 claims_runs: $(CLAIM_RUNS)
 shared_runs: $(SHARED_RUNS)
+# the runs kept beside make warmup's, then the report: python -m study.claims rebuilds it from them
+CLAIMS_REPORT = $(PYTHON) -m study.claims results/cpu/warmup/runs results/cpu/claims/runs \
+	--out results/cpu/claims
+claims: setup $(CLAIM_RUNS) $(SHARED_RUNS)
+	$(call keep,$(CLAIM_RUNS) $(SHARED_RUNS),results/cpu/claims/runs)
+	$(CLAIMS_REPORT)

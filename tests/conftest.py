@@ -89,12 +89,16 @@ TINY = ['--d_model=32', '--n_layer=2', '--n_head=2', '--moe_hidden=32', '--block
         '--learning_rate=0.01', '--min_lr=0.001', '--warmup_iters=0']
 
 
-@pytest.fixture(scope='module')
-def prepared(tmp_path_factory):
+def prepare_tiny_data(root):
+    """300 made-up stories prepared as bytes into root/data, as make cpu prepares the real ones."""
     pytest.importorskip('tqdm', reason="prepare.py's progress bar needs tqdm")
-    root = tmp_path_factory.mktemp('e2e')
     write_stories(root / 'stories.txt', 300)
     out = run('prepare.py', '--input', str(root / 'stories.txt'), '--tokenizer', 'bytes',
               '--out_dir', str(root / 'data'))
     assert out.returncode == 0, out.stderr
     return root
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+    return prepare_tiny_data(tmp_path_factory.mktemp('e2e'))

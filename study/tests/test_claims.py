@@ -1,13 +1,10 @@
 """study/claims.py on made-up run folders whose answers are known."""
 import json
 import os
-import sys
 
 import pytest
 
-STUDY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.dirname(STUDY), STUDY]
-import claims  # noqa: E402
+from study import claims
 
 XEON = 'Intel(R) Xeon(R) Processor (AVX512), 1 threads'
 
