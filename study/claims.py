@@ -10,7 +10,6 @@ named as make warmup and make claims_runs / shared_runs name them (w224_<config>
 """
 import argparse
 import glob
-import json
 import math
 import os
 import sys
@@ -369,11 +368,7 @@ def main(argv=None):
     text = markdown(summary)
     if warnings:
         text += '\n## Warnings\n\n' + ''.join(f'- {w}\n' for w in warnings)
-    with open(os.path.join(args.out, 'report.md'), 'w') as f:
-        f.write(text)
-    with open(os.path.join(args.out, 'report.json'), 'w') as f:
-        json.dump(report.finite_or_none(summary), f, indent=2)
-    print(text)
+    report.write(args.out, summary, text)
 
 
 if __name__ == '__main__':
