@@ -23,7 +23,8 @@ config_file = $(or $(wildcard config/$1.py),study/config/$1.py)
 TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even FORCE
+.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even claims \
+	claims_runs shared_runs FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
