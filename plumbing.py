@@ -504,10 +504,11 @@ class RunLog:
             line += f' | router_entropy {r["router_entropy"]:.3f}'
         print(line)
 
-    def train(self, r, iters, eta):
-        """A training record, and its console line with the time left."""
+    def train(self, r, losses, iters, eta):
+        """A training record, and its console line: the losses named (those it has), the busiest
+        expert's share, the learning rate, the speed and the time left."""
         self.write(r, 'train')
-        losses = ' | '.join(f'{key} {r[key]:.4f}' for key in ('loss', 'ce', 'lb', 'z') if key in r)
+        losses = ' | '.join(f'{key} {r[key]:.4f}' for key in losses if key in r)
         if 'busiest_frac' in r:
             losses += f' | busiest {r["busiest_frac"]:.3f}'
         mfu = f' | mfu {r["mfu"]:.1%}' if 'mfu' in r else ''

@@ -373,8 +373,8 @@ def routing_lines(diagnostics):
     lines = [
         '', '## Routing at the best checkpoint', '',
         'Mean over MoE layers, on the validation set; mean ± std over seeds. busiest_frac is the '
-        'largest expert share (1/n_experts = perfect balance, 1.0 = collapsed); router_entropy in '
-        'nats; load is the share of assignments per expert.', '',
+        'largest expert share (1/n_experts = perfect balance, 1/top_k = collapsed); '
+        'router_entropy in nats; load is the share of assignments per expert.', '',
         '| config | ' + ' | '.join(ROUTING) + ' | load |',
         '|---|' + '---|' * (len(ROUTING) + 1),
     ]

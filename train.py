@@ -365,14 +365,18 @@ class Transformer(nn.Module):
         return None, ce, merge_aux(layers)
 
 
+# the auxiliary losses each MoE layer returns in its aux dict: averaged over the layers, weighed
+# into the training loss (training_loss) and logged by these names. A new one: add it here too
+AUX_LOSSES = ('lb', 'z')
+
+
 def merge_aux(layers):
-    """The MoE layers' aux dicts -> the model's ({} for a dense model): 'lb' and 'z' averaged over
-    the layers, 'routing' (a routing row per layer) and the dicts themselves under 'layers'."""
+    """The MoE layers' aux dicts -> the model's ({} for a dense model): each of AUX_LOSSES averaged
+    over the layers, 'routing' (a routing row per layer) and the dicts themselves under 'layers'."""
     if not layers:
         return {}
-    return {'lb': torch.stack([a['lb'] for a in layers]).mean(),
-            'z': torch.stack([a['z'] for a in layers]).mean(),
-            'routing': torch.stack([a['routing'] for a in layers]), 'layers': layers}
+    merged = {key: torch.stack([a[key] for a in layers]).mean() for key in AUX_LOSSES}
+    return {**merged, 'routing': torch.stack([a['routing'] for a in layers]), 'layers': layers}
 
 
 def training_loss(ce, aux, c):
@@ -513,8 +517,10 @@ def lr_at(it, c, iters):
 
 
 def loss_terms(loss, ce, aux):
-    """The losses a training line logs, as one tensor: (loss, ce), and (lb, z) for an MoE."""
-    terms = [loss, ce, aux['lb'], aux['z']] if aux else [loss, ce]
+    """The losses a training line logs, as one tensor: (loss, ce), then AUX_LOSSES for an MoE."""
+    terms = [loss, ce]
+    if aux:
+        terms += [aux[key] for key in AUX_LOSSES]
     return torch.stack(terms).detach()
 
 
@@ -523,7 +529,9 @@ def build(c, device, use_compile, ddp):
     seed); AdamW; the model evaluation calls, compiled if use_compile; for training, DDP's wrap."""
     torch.manual_seed(c.seed)
     model = Transformer(c).to(device)
-    assert count_params(c)['total'] == sum(p.numel() for p in model.parameters()), 'miscounted'
+    counted, has = count_params(c)['total'], sum(p.numel() for p in model.parameters())
+    assert counted == has, (f'count_params counts {counted:,} params, the model has {has:,}: '
+                            'count a new parameter in count_params too')
     optimizer = torch.optim.AdamW(param_groups(model, c), lr=c.learning_rate,
                                   betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
     step_model = torch.compile(model) if use_compile else model
@@ -618,12 +626,13 @@ def main(argv):
         done = it + 1  # steps done; `iter` means the same in training and eval lines
         if done % c.log_interval == 0 or done == iters:
             # stops the run here if a loss was not finite, before anything is saved from it
-            record = meter.line(done, ('loss', 'ce', 'lb', 'z'), last_saved, c.out_dir)
+            losses = ('loss', 'ce', *AUX_LOSSES)  # a dense model's line has the first two
+            record = meter.line(done, losses, last_saved, c.out_dir)
             record['lr'] = lr
             if routing is not None:
                 record.update(routing_stats(plumbing.mean_over_processes(routing, world)))
             if master:
-                log.train(record, iters, meter.time_left(done))
+                log.train(record, losses, iters, meter.time_left(done))
                 if done % c.ckpt_interval == 0 or done == iters:
                     save_checkpoint('latest.pt', done, best_val)
                     last_saved = done

@@ -143,9 +143,9 @@ def test_the_logged_mfu_is_throughput_times_flops_over_the_peak(prepared, tmp_pa
 def test_the_training_line_shows_mfu_where_it_is_known(tmp_path, capsys):
     record = {'iter': 10, 'loss': 2.0, 'ce': 2.0, 'lr': 1e-3, 'tok_per_s': 2e6, 'mfu': 0.3125}
     log = plumbing.RunLog(config(out_dir=str(tmp_path)), None)
-    log.train(record, 100, '0:01:00')
+    log.train(record, ('loss', 'ce'), 100, '0:01:00')
     del record['mfu']
-    log.train(record, 100, '0:01:00')
+    log.train(record, ('loss', 'ce'), 100, '0:01:00')
     log.close()
     with_mfu, without = capsys.readouterr().out.splitlines()
     assert '2000.0k tok/s | mfu 31.2% | eta 0:01:00' in with_mfu
