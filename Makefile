@@ -4,7 +4,7 @@
 #   make cpu             CPU-scale comparison: 3 configs x SEEDS, then out/report-cpu/ (SEEDS=1 for one seed each)
 #   make paper           the paper-scale comparison on a GPU, then out/report-paper/
 #   make bench           what the MoE costs per training step (results/bench/)
-#   make paper_on_cpu    the paper configs as a GPU trains them (compiled, bf16), a few steps on the CPU
+#   make gpu_check       does tinymoe work on this CUDA GPU, how fast: out/gpu_check/report.md
 #   make study, study2   the CPU study in results/cpu/ (study.mk)
 #   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study.mk)
 PYTHON ?= python
@@ -21,7 +21,7 @@ PAPER_RUNS := $(call runs,moe dense_active dense_total)
 TRAIN = $(PYTHON) train.py config/$(word 1,$(subst -s, ,$*)).py --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even FORCE
+.PHONY: setup test cpu paper bench gpu_check study study2 noise compute ratio warmup break_even FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -45,7 +45,7 @@ data/tinystories_bytes/meta.json: FORCE
 		--out_dir data/tinystories_bytes
 data/tinystories/meta.json:
 	$(PYTHON) prepare.py --out_dir data/tinystories
-# GPT-2 tokens of the same stories (make paper_on_cpu)
+# GPT-2 tokens of the same stories (make gpu_check)
 data/tinystories_sample_gpt2/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) \
 		--out_dir data/tinystories_sample_gpt2
@@ -71,11 +71,8 @@ bench: setup
 	$(BENCH) --d_model=160 --n_head=5 --moe_hidden=1632 --ffn_multiple_of=32 --steps=4 --rounds=2 \
 		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt
 
-# the paper's moe and dense_total as a GPU trains them (compiled, in bf16) for a few steps on the CPU, on GPT-2
-# tokens: each loss must fall; how long each run took, and on which CPU (scripts/paper_on_cpu.py)
-paper_on_cpu: setup data/tinystories_sample_gpt2/meta.json
-	mkdir -p results/bench
-	$(PYTHON) scripts/paper_on_cpu.py --data_dir data/tinystories_sample_gpt2 > results/bench/paper_on_cpu.txt; \
-		status=$$?; cat results/bench/paper_on_cpu.txt; exit $$status
+# does tinymoe work on this CUDA GPU, and how fast (gpu_check.py, results/bench/README.md)
+gpu_check: setup data/tinystories_bytes/meta.json data/tinystories_sample_gpt2/meta.json
+	$(PYTHON) gpu_check.py
 
 include study.mk
