@@ -9,9 +9,9 @@
 #   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study.mk)
 PYTHON ?= python
 SEEDS ?= 1 2 3
-# make cpu's data: TINYSTORIES=FILE, a local TinyStories text in the release format (the sample the committed
-# results use is looked for beside the repository), else the first HF_STORIES stories from the Hugging Face hub
-TINYSTORIES ?= $(wildcard ../shared/data/tinystories_train_head.txt)
+# the data of make cpu and make gpu_check: TINYSTORIES=FILE, a local TinyStories text in the
+# release format, else the first HF_STORIES stories from the Hugging Face hub
+TINYSTORIES ?=
 HF_STORIES ?= 5510
 
 runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/done.json))
