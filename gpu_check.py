@@ -209,9 +209,9 @@ def start_problem(args):
     there = read_log(os.path.dirname(committed))[0]['val_loss']
     if abs(here - there) <= SAME_START:
         return None
-    return (f'the committed runs trained on other stories (cpu_moe seed 1 starts at val loss '
-            f'{there:.4f} there, {here:.4f} on {args.cpu_data}); they used a lowercased copy of '
-            'the first 5,510 train stories: TINYSTORIES=FILE')
+    return (f'cpu_moe seed 1 starts at val loss {here:.4f} on {args.cpu_data} at size '
+            f'{args.size}, the committed run at {there:.4f}: other stories (the committed runs '
+            'used a lowercased copy of the first 5,510 train stories: TINYSTORIES=FILE)')
 
 
 def cpu_recipe(args, done):

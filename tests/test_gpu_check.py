@@ -149,9 +149,11 @@ def test_other_stories_than_the_committed_runs_are_said_before_any_run(prepared,
     assert gpu_check.start_problem(args) is None
     fake_run(tmp_path / 'other' / 'w224_cpu_moe-s1', [5.9])
     args.reference = str(tmp_path / 'other')
-    assert gpu_check.start_problem(args).startswith(
-        'the committed runs trained on other stories (cpu_moe seed 1 starts at val loss 5.9000 '
-        'there, ')
+    problem = gpu_check.start_problem(args)
+    assert problem.startswith('cpu_moe seed 1 starts at val loss 5.')
+    assert problem.endswith(f' on {data} at size toy, the committed run at 5.9000: other stories '
+                            '(the committed runs used a lowercased copy of the first 5,510 train '
+                            'stories: TINYSTORIES=FILE)')
 
 
 def log_lines(folder, values):
