@@ -4,14 +4,14 @@
 #   make cpu             CPU-scale comparison: 3 configs x SEEDS, then out/report-cpu/ (SEEDS=1 for one seed each)
 #   make paper           the paper-scale comparison on a GPU, then out/report-paper/
 #   make bench           what the MoE costs per training step (results/bench/)
-#   make paper_on_cpu    the paper configs as a GPU trains them (compiled, bf16), a few steps on the CPU
+#   make gpu_check       does tinymoe work on this CUDA GPU, how fast: out/gpu_check/report.md
 #   make study, study2   the CPU study in results/cpu/ (study/study.mk, study/README.md)
 #   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study/study.mk)
 PYTHON ?= python
 SEEDS ?= 1 2 3
-# make cpu's data: TINYSTORIES=FILE, a local TinyStories text in the release format (the sample the committed
-# results use is looked for beside the repository), else the first HF_STORIES stories from the Hugging Face hub
-TINYSTORIES ?= $(wildcard ../shared/data/tinystories_train_head.txt)
+# the data of make cpu and make gpu_check: TINYSTORIES=FILE, a local TinyStories text in the
+# release format, else the first HF_STORIES stories from the Hugging Face hub
+TINYSTORIES ?=
 HF_STORIES ?= 5510
 
 runs = $(foreach c,$(1),$(foreach s,$(SEEDS),out/$(c)-s$(s)/done.json))
@@ -23,7 +23,7 @@ config_file = $(or $(wildcard config/$1.py),study/config/$1.py)
 TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench paper_on_cpu study study2 noise compute ratio warmup break_even claims \
+.PHONY: setup test cpu paper bench gpu_check study study2 noise compute ratio warmup break_even claims \
 	claims_runs shared_runs FORCE
 setup:
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
@@ -48,7 +48,7 @@ data/tinystories_bytes/meta.json: FORCE
 		--out_dir data/tinystories_bytes
 data/tinystories/meta.json:
 	$(PYTHON) prepare.py --out_dir data/tinystories
-# GPT-2 tokens of the same stories (make paper_on_cpu)
+# GPT-2 tokens of the same stories (make gpu_check)
 data/tinystories_sample_gpt2/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) \
 		--out_dir data/tinystories_sample_gpt2
@@ -74,11 +74,8 @@ bench: setup
 	$(BENCH) --d_model=160 --n_head=5 --moe_hidden=1632 --ffn_multiple_of=32 --steps=4 --rounds=2 \
 		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt
 
-# the paper's moe and dense_total as a GPU trains them (compiled, in bf16) for a few steps on the CPU, on GPT-2
-# tokens: each loss must fall; how long each run took, and on which CPU (scripts/paper_on_cpu.py)
-paper_on_cpu: setup data/tinystories_sample_gpt2/meta.json
-	mkdir -p results/bench
-	$(PYTHON) scripts/paper_on_cpu.py --data_dir data/tinystories_sample_gpt2 > results/bench/paper_on_cpu.txt; \
-		status=$$?; cat results/bench/paper_on_cpu.txt; exit $$status
+# does tinymoe work on this CUDA GPU, and how fast (gpu_check.py, results/bench/README.md)
+gpu_check: setup data/tinystories_bytes/meta.json data/tinystories_sample_gpt2/meta.json
+	$(PYTHON) gpu_check.py
 
 include study/study.mk

@@ -5,6 +5,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
     python bench.py config/cpu_moe.py --compile=True --steps=20
     python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes
     python bench.py config/cpu_moe.py --stages=True    # also: the MoE built up in stages (STAGES)
+    python bench.py config/moe.py --levers=bf16_ce,padded_vocab   # also: speed levers (LEVERS)
 
 All models come from the given config's shared recipe (only the FFN differs, as in training). The
 naive MoE is the simplest correct implementation: every expert runs on every token and the outputs
@@ -13,6 +14,7 @@ batches, the models interleaved, in several rounds; the medians are reported. Th
 JSON object. Any other --key=value is a train.py config override.
 """
 import json
+import math
 import statistics
 import sys
 import time
@@ -72,12 +74,44 @@ class RoutedMoE(train.MoE):
         return y.view(shape), no_aux(x, self.n_experts)
 
 
+class ExpertLoopMoE(train.MoE):
+    """train.MoE's loop over the experts, which it runs off the GPU, also where it would run
+    grouped_mm: what grouped_mm saves on a GPU (on a CPU the two are the same model)."""
+
+    def run_experts(self, xs, counts):
+        gate, up, down = self.gate.unbind(0), self.up.unbind(0), self.down.unbind(0)
+        rows = xs.split(counts.tolist())
+        return torch.cat([(F.silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
+                          for e, xe in enumerate(rows)])
+
+
+class Bf16CrossEntropy(train.Transformer):
+    """The cross-entropy on the logits as autocast leaves them, bf16, where train.py takes it on
+    an fp32 copy: one fewer copy of the largest tensor of the step. Autocast would upcast them
+    itself (cross_entropy is on its fp32 list), so it is turned off around the loss."""
+
+    def forward(self, idx, targets):
+        logits, _, aux = super().forward(idx)
+        with torch.autocast(idx.device.type, enabled=False):
+            ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).float()
+        return None, ce, aux
+
+
 # --stages: the MoE built up, each stage a model of its own in the timing; the last stage is the
 # MoE as trained
 STAGES = {'experts_only': ('the experts alone', ExpertsOnlyMoE),
           'routed': ('+ router and grouping', RoutedMoE),
           'moe': ('+ aux losses and statistics (the MoE)', None)}
-VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in STAGES.items() if cls}}
+# --levers: ways to a faster step, each the MoE changed in one way, a model of its own in the timing
+LEVERS = {'bf16_ce': ('the cross-entropy in bf16', Bf16CrossEntropy),
+          'padded_vocab': ('the vocabulary padded to a multiple of 64, as nanoGPT pads GPT-2\'s',
+                           None),
+          'expert_loop': ('the loop over the experts, not grouped_mm', ExpertLoopMoE),
+          'reduce_overhead': ("compiled with mode='reduce-overhead' (CUDA graphs)", None),
+          'max_autotune': ("compiled with mode='max-autotune-no-cudagraphs'", None)}
+COMPILE_MODES = {'reduce_overhead': 'reduce-overhead', 'max_autotune': 'max-autotune-no-cudagraphs'}
+VARIANTS = {'naive_moe': NaiveMoE,
+            **{name: cls for name, (_, cls) in {**STAGES, **LEVERS}.items() if cls}}
 
 
 def read_result(path):
@@ -103,24 +137,32 @@ def read_step_times(path):
                                  ) from None
 
 
-def build(argv):
-    """The configs of the four models always timed; the recipe's MoE settings size the two
-    matched dense models."""
+def build(argv, levers=()):
+    """The configs of the four models always timed and of the levers asked for; the recipe's MoE
+    settings size the two matched dense models."""
     moe = ["--ffn='moe'", "--match=''", '--ffn_hidden=0']
     dense = ["--ffn='dense'", '--ffn_hidden=0', '--bias_rate=0.0']
     variants = {'moe': moe, 'dense_active': dense + ["--match='active'"],
-                'dense_total': dense + ["--match='total'"], 'naive_moe': moe}
+                'dense_total': dense + ["--match='total'"], 'naive_moe': moe,
+                **{name: moe for name in levers}}
+    if 'padded_vocab' in levers:  # more rows in the embedding and the head it is tied to
+        padded = math.ceil(train.configure(argv).vocab_size / 64) * 64
+        variants['padded_vocab'] = moe + [f'--vocab_size={padded}']
     return {name: train.configure(argv + extra) for name, extra in variants.items()}
 
 
 def make_model(name, cfg):
     """The model timed as name: every model starts from the same seed; the variants (the naive
-    MoE, the stages) have the MoE's weights, computed their way."""
+    MoE, the stages, the levers) have the MoE's weights, computed their way (padded_vocab's are
+    drawn anew, for its larger embedding)."""
     torch.manual_seed(0)
     model = train.Transformer(cfg)
-    if name in VARIANTS:
+    cls = VARIANTS.get(name)
+    if cls and issubclass(cls, train.Transformer):  # a lever on the whole model
+        model.__class__ = cls
+    elif cls:  # the MoE layers, computed another way
         for block in model.blocks:
-            block.ffn.__class__ = VARIANTS[name]
+            block.ffn.__class__ = cls
     return model
 
 
@@ -151,39 +193,64 @@ def round_ratios(times, reference_times, rounds):
                    / statistics.median(times[i * steps:(i + 1) * steps]) for i in range(rounds)])
 
 
-def print_profile_difference(models, batches, step, top=15):
-    """torch.profiler over the same steps of moe and dense_active: the ops where the MoE spends
-    more time. Self CPU time: on a CPU that is the compute; on a GPU it is the launch overhead (use
-    nsys for kernels)."""
-    from torch.profiler import profile
-    self_ms = {}
-    for name in ('moe', 'dense_active'):
-        with profile() as prof:
-            for batch in batches:
-                step(*models[name], batch)
-        self_ms[name] = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
-    moe, dense = self_ms['moe'], self_ms['dense_active']
-    extra = {op: (moe.get(op, 0) - dense.get(op, 0)) / 1e3 / len(batches)
-             for op in moe.keys() | dense.keys()}
-    print(f'where the MoE spends more than dense_active (self CPU time, ms per step, top {top}):')
+def op_times(model, batches, step, sync, on_gpu):
+    """{op: ms per step} over the batches, from torch.profiler: on a GPU each kernel's time, on a
+    CPU each op's own CPU time (on a GPU that would be launch overhead). Ranges (the optimizer's
+    step) hold ops and are left out."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for batch in batches:
+            step(*model, batch)
+        sync()
+    device, key = ((DeviceType.CUDA, 'self_device_time_total') if on_gpu
+                   else (DeviceType.CPU, 'self_cpu_time_total'))
+    return {e.key: getattr(e, key) / 1e3 / len(batches) for e in prof.key_averages()
+            if e.device_type == device and not e.is_user_annotation}
+
+
+def print_profile(models, batches, step, sync, on_gpu, top=15):
+    """Where the MoE's step goes, op by op, and the ops where it spends more than dense_active,
+    profiled over the same steps."""
+    what = 'kernel time' if on_gpu else 'self CPU time'
+    moe, dense = (op_times(models[name], batches, step, sync, on_gpu)
+                  for name in ('moe', 'dense_active'))
+    total = sum(moe.values())
+    print(f"where the MoE's step goes ({what}, share of {total:.2f} ms per step, top {top}):")
+    for op, ms in sorted(moe.items(), key=lambda kv: -kv[1])[:top]:
+        print(f'  {ms / total:6.1%}  {op[:100]}')
+    extra = {op: moe.get(op, 0) - dense.get(op, 0) for op in moe.keys() | dense.keys()}
+    print(f'where the MoE spends more than dense_active ({what}, ms per step, top {top}):')
     for op, ms in sorted(extra.items(), key=lambda kv: -kv[1])[:top]:
-        print(f'  {ms:+8.2f}  {op}')
+        print(f'  {ms:+8.2f}  {op[:100]}')
+
+
+def option(argv, key, default):
+    """The value of bench.py's own --key=value in argv, or default."""
+    return next((a.split('=', 1)[1] for a in argv if a.startswith(f'--{key}=')), default)
 
 
 def main(argv):
-    steps = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--steps=')), 10)
-    rounds = next((int(a.split('=', 1)[1]) for a in argv if a.startswith('--rounds=')), 3)
+    steps, rounds = int(option(argv, 'steps', 10)), int(option(argv, 'rounds', 3))
     profile, stages = '--profile=True' in argv, '--stages=True' in argv
-    ours = ('--steps=', '--rounds=', '--profile=', '--stages=')
+    levers = [name for name in option(argv, 'levers', '').split(',') if name]
+    ours = ('--steps=', '--rounds=', '--profile=', '--stages=', '--levers=')
     argv = [a for a in argv if not a.startswith(ours)]
     if steps < 1 or rounds < 1 or steps * rounds < 2:
         raise plumbing.UserError('--steps and --rounds must be >= 1 and time at least 2 steps in '
                                  'all (e.g. --steps=10 --rounds=3)')
-    configs = build(argv)
+    unknown = [name for name in levers if name not in LEVERS]
+    if unknown:
+        raise plumbing.UserError(f'no lever {unknown[0]!r}; --levers takes a comma-separated list '
+                                 f'of {", ".join(LEVERS)}')
+    configs = build(argv, levers)
     c = configs['moe']
     if stages:
         configs.update({name: c for name, (_, cls) in STAGES.items() if cls})
     device, use_compile, autocast, _ = plumbing.setup_device(c)  # as in training
+    if not use_compile and COMPILE_MODES.keys() & set(levers):
+        raise plumbing.UserError(f'--levers: {", ".join(COMPILE_MODES)} are ways of compiling; '
+                                 'add --compile=True')
     # a GPU runs asynchronously: wait for it before reading the clock
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type,
                                                                              lambda: None)
@@ -192,22 +259,32 @@ def main(argv):
     for name, cfg in configs.items():
         model = make_model(name, cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == 'cuda')
-        models[name] = (torch.compile(model) if use_compile else model, opt, cfg)
+        if use_compile:
+            model = torch.compile(model, mode=COMPILE_MODES.get(name))  # None: the default mode
+        models[name] = (model, opt, cfg)
 
     g = torch.Generator().manual_seed(0)
     shape = (c.batch_size, c.block_size + 1)
     batches = [torch.randint(0, c.vocab_size, shape, generator=g).to(device) for _ in range(steps)]
 
     def step(model, opt, cfg, batch):
+        """A training step; -> its loss."""
+        # CUDA graphs (reduce_overhead) reuse their outputs' memory: the last step's are done with
+        torch.compiler.cudagraph_mark_step_begin()
         with autocast:
             _, ce, aux = model(batch[:, :-1], batch[:, 1:])
             loss = train.training_loss(ce, aux, cfg)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
-    for model, opt, cfg in models.values():  # warm-up: compilation, allocator, first-call costs
-        for batch in batches[:3]:
+    # warm-up: compilation, allocator, first-call costs. The first step's losses, all from the same
+    # weights but padded_vocab's, say whether a lever changes what the step computes
+    first_loss = {}
+    for name, (model, opt, cfg) in models.items():
+        first_loss[name] = step(model, opt, cfg, batches[0]).item()
+        for batch in batches[1:3]:
             step(model, opt, cfg, batch)
     times = {name: [] for name in models}
     for _ in range(rounds):
@@ -221,22 +298,26 @@ def main(argv):
                 times[name].append(time.perf_counter() - t0)
 
     if profile:
-        print_profile_difference(models, batches, step)
+        print_profile(models, batches, step, sync, on_gpu=device.type == 'cuda')
     tokens = c.batch_size * c.block_size
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    tokens_per_s = {name: tokens / v * 1e3 for name, v in ms.items()}
+    peak = plumbing.peak_flops(device)  # None: no MFU (a CPU, a GPU not in plumbing.PEAK_FLOPS)
+    mfu = {name: tokens_per_s[name] * train.flops_per_token(cfg) / peak
+           for name, cfg in configs.items()} if peak else None
     paired = paired_ratio_quartiles(times['moe'], times['dense_active'])
     per_round = round_ratios(times['moe'], times['dense_total'], rounds)
     mode = 'compiled' if use_compile else 'eager'
     print(f'{c.config_name} recipe on {device.type} {mode}: {tokens} tokens per step, median of '
           f'{rounds} x {steps} steps')
-    print(f'{"model":<13} {"total":>11} {"active":>11} {"ms/step":>9} {"tokens/s":>10} '
-          f'{"GFLOP/s":>9}')
+    print(f'{"model":<15} {"total":>11} {"active":>11} {"ms/step":>9} {"tokens/s":>10} '
+          f'{"GFLOP/s":>9}' + (f' {"MFU":>6}' if mfu else ''))
     for name, cfg in configs.items():
         n = train.count_params(cfg)
-        gflops = train.flops_per_token(cfg) * tokens / ms[name] * 1e-6
-        tok_s = tokens / ms[name] * 1e3
-        print(f'{name:<13} {n["total"]:>11,} {n["active"]:>11,} {ms[name]:>9.1f} {tok_s:>10,.0f} '
-              f'{gflops:>9.1f}')
+        gflops = train.flops_per_token(cfg) * tokens_per_s[name] * 1e-9
+        print(f'{name:<15} {n["total"]:>11,} {n["active"]:>11,} {ms[name]:>9.1f} '
+              f'{tokens_per_s[name]:>10,.0f} {gflops:>9.1f}'
+              + (f' {mfu[name]:>6.1%}' if mfu else ''))
     print(f'moe / dense_active: {ms["moe"] / ms["dense_active"]:.3f} (the middle half of the '
           f'per-step ratios: {paired[0]:.3f} to {paired[1]:.3f})')
     print(f'dense_total / moe: {ms["dense_total"] / ms["moe"]:.3f} (over the {rounds} rounds: '
@@ -244,8 +325,7 @@ def main(argv):
           f'{per_round["q3"]:.3f})')
     result = {'device': device.type, 'compile': use_compile, 'torch': torch.__version__,
               'hardware': plumbing.hardware_name(device),
-              'ms_per_step': ms,
-              'tokens_per_s': {name: tokens / v * 1e3 for name, v in ms.items()},
+              'ms_per_step': ms, 'tokens_per_s': tokens_per_s, 'peak_flops': peak, 'mfu': mfu,
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],
               'moe_over_dense_active_quartiles': list(paired),
               'naive_over_moe': ms['naive_moe'] / ms['moe'],
@@ -257,6 +337,14 @@ def main(argv):
         ratios = [f'{label} {ms[name] / ms["dense_active"]:.3f}'
                   for name, (label, _) in STAGES.items()]
         print('the MoE built up in stages, each / dense_active: ' + ', '.join(ratios))
+    if levers:
+        result['levers'] = {name: {'over_moe': ms[name] / ms['moe'],
+                                   'first_loss_minus_moe': first_loss[name] - first_loss['moe']}
+                            for name in levers}
+        print('levers, each step / the MoE\'s (its first loss - the MoE\'s):')
+        for name, r in result['levers'].items():
+            print(f'  {name:<16} {r["over_moe"]:.3f} ({r["first_loss_minus_moe"]:+.2e})  '
+                  f'{LEVERS[name][0]}')
     print(json.dumps(result))
 
 

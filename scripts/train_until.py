@@ -1,7 +1,7 @@
 """
 train.py stopped after STEPS steps, as a Ctrl-C would stop it: what it saved by then (latest.pt
-every ckpt_interval steps, log.jsonl, best.pt) stays for a later --resume=True. The real-text GPU
-check (scripts/gpu_real_text.py) tests resuming with it.
+every ckpt_interval steps, log.jsonl, best.pt) stays for a later --resume=True. The GPU check
+(gpu_check.py) tests resuming with it.
 
     python scripts/train_until.py 100 config/moe.py --max_iters=200 --ckpt_interval=100
     python train.py config/moe.py --max_iters=200 --ckpt_interval=100 --resume=True

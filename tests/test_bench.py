@@ -1,5 +1,6 @@
 """bench.py: its naive reference is a correct MoE, and its last line is the promised JSON."""
 import json
+import math
 import subprocess
 import sys
 
@@ -34,19 +35,32 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--steps=2',
                           '--rounds=1', '--d_model=16', '--moe_hidden=16', '--block_size=32',
                           '--batch_size=4', '--ffn_multiple_of=1', '--profile=True',
-                          '--stages=True'],
+                          '--stages=True', '--levers=bf16_ce,padded_vocab,expert_loop'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any(line.startswith('naive_moe') for line in lines)
-    top = lines.index(next(line for line in lines
-                           if line.startswith('where the MoE spends more')))
-    # '   +1.23  aten::mm' lines
-    extra = [float(line.split()[0]) for line in lines[top + 1:top + 16]]
+
+    def numbers_after(heading):
+        """The first numbers of the 15 lines after the heading: '   +1.23  aten::mm'."""
+        top = lines.index(next(line for line in lines if line.startswith(heading)))
+        return [float(line.split()[0].rstrip('%')) for line in lines[top + 1:top + 16]]
+    shares = numbers_after("where the MoE's step goes")
+    assert len(shares) == 15 and shares == sorted(shares, reverse=True) and sum(shares) <= 100.05
+    extra = numbers_after('where the MoE spends more')
     assert len(extra) == 15 and extra == sorted(extra, reverse=True)
     result = json.loads(lines[-1])
     assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe',
-                                           'experts_only', 'routed'}
+                                           'experts_only', 'routed', 'bf16_ce', 'padded_vocab',
+                                           'expert_loop'}
+    # in fp32 on a CPU, bf16_ce and expert_loop compute what the MoE does: the same first loss.
+    # padded_vocab's softmax has 320 - 257 more classes, which at init add about ln(320 / 257)
+    levers = result['levers']
+    assert levers['bf16_ce']['first_loss_minus_moe'] == 0.0
+    assert levers['expert_loop']['first_loss_minus_moe'] == 0.0
+    assert abs(levers['padded_vocab']['first_loss_minus_moe'] - math.log(320 / 257)) < 0.01
+    assert levers['bf16_ce']['over_moe'] == ms_ratio(result, 'bf16_ce', 'moe')
+    assert result['mfu'] is None and result['peak_flops'] is None  # no known peak for a CPU
     ms = result['ms_per_step']
     assert result['moe_over_dense_active'] == ms['moe'] / ms['dense_active']
     low, high = result['moe_over_dense_active_quartiles']
@@ -61,6 +75,58 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     assert (list(stages) == ['experts_only', 'routed', 'moe']
             and stages['moe'] == result['moe_over_dense_active'])
     assert f'+ router and grouping {stages["routed"]:.3f}' in out.stdout
+
+
+def ms_ratio(result, name, reference):
+    return result['ms_per_step'][name] / result['ms_per_step'][reference]
+
+
+def test_levers_compute_what_they_are_named(monkeypatch):
+    """expert_loop is the MoE's loop over the experts where grouped_mm would run (grouped_mm in
+    fp32 on a CPU: the same sums, other order); bf16_ce takes the cross-entropy of the bf16
+    logits, a bf16 number within a few bf16 roundings (2^-8 each) of the fp32 copy's."""
+    torch.manual_seed(0)
+    c = config(n_experts=4, top_k=2)
+    x = torch.randn(3, 11, 16)
+    moe = train.MoE(c, resid_std=0.02)
+    loop = train.MoE(c, resid_std=0.02)
+    loop.load_state_dict(moe.state_dict())
+    loop.__class__ = bench.ExpertLoopMoE
+    monkeypatch.setattr(train, 'grouped_mm_ok', lambda xs, hidden: True)
+    torch.testing.assert_close(loop(x)[0], moe(x)[0], rtol=1e-5, atol=1e-6)
+    idx = torch.randint(0, c.vocab_size, (3, c.block_size + 1))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        _, fp32, _ = bench.make_model('moe', c)(idx[:, :-1], idx[:, 1:])
+        _, bf16, _ = bench.make_model('bf16_ce', c)(idx[:, :-1], idx[:, 1:])
+    assert bf16 == bf16.bfloat16().float() and fp32 != fp32.bfloat16().float()
+    assert abs(bf16 - fp32) <= 0.02 * fp32
+    assert bench.build(['--vocab_size=257'], ['padded_vocab'])['padded_vocab'].vocab_size == 320
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--levers=fast'], "no lever 'fast'; --levers takes a comma-separated list of bf16_ce"),
+    (['--levers=reduce_overhead'], '--levers: reduce_overhead, max_autotune are ways of compiling; '
+                                   'add --compile=True')])
+def test_a_lever_bench_cannot_time_is_one_line_naming_the_fix(argv, message):
+    out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', *argv], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and len(out.stderr.splitlines()) == 1
+    assert out.stderr.startswith(f'bench.py: error: {message}')
+
+
+def test_bench_gives_the_mfu_where_the_peak_is_known(monkeypatch, capsys):
+    """A CPU given a made-up peak of 1 GFLOP/s: each model's MFU is its tokens/s times its FLOPs a
+    token over the peak, in the JSON and in the table's last column."""
+    monkeypatch.setattr(plumbing, 'peak_flops', lambda device: 1e9)
+    model = ['config/cpu_moe.py', '--d_model=16', '--moe_hidden=16', '--block_size=32',
+             '--batch_size=4', '--ffn_multiple_of=1']
+    bench.main(model + ['--steps=2', '--rounds=1'])
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    for name, cfg in bench.build(model).items():
+        mfu = result['tokens_per_s'][name] * train.flops_per_token(cfg) / 1e9
+        assert result['mfu'][name] == mfu
+        assert next(line for line in lines if line.startswith(name + ' ')).endswith(f'{mfu:.1%}')
 
 
 def test_paired_ratio_quartiles_pair_each_step_with_the_reference_step():
@@ -139,44 +205,16 @@ def test_compiled_moe_training_compiles_once_while_the_routing_changes():
     assert counters['stats']['calls_captured'] > 0
 
 
-def test_gpu_check_dry_run_on_cpu(tmp_path):
-    """scripts/gpu_check.py --device=cpu --tiny: the GPU check's own logic (synthetic memmap, both
-    trainings through train.py, steady-state throughput, MFU, ratio, the JSON file) at toy
-    shapes."""
-    out_file = tmp_path / 'gpu' / 'check.json'
-    out = subprocess.run([sys.executable, 'scripts/gpu_check.py', '--device=cpu', '--tiny',
-                          '--steps=6', f'--out={out_file}'],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    r = json.load(open(out_file))
-    assert r == json.loads(out.stdout.strip().splitlines()[-1])
-    assert r['hardware'] == plumbing.cpu_name() and r['torch'] == torch.__version__
-    moe, dense = r['models']['moe'], r['models']['dense_active']
-    assert r['moe_over_dense_active'] == moe['ms_per_step'] / dense['ms_per_step']
-    for m in (moe, dense):
-        assert (m['tokens_per_s'] > 0
-                and m['mfu'] == m['flops_per_token'] * m['tokens_per_s'] / r['peak_flops'])
-    assert (moe['params']['total'] > moe['params']['active']
-            and abs(moe['params']['active'] / dense['params']['active'] - 1) < 0.01)
-
-
 def test_what_a_gpu_machine_runs_imports_with_nothing_but_torch_and_numpy():
-    """The GPU machine may have nothing else: train.py, sample.py and the GPU scripts import with
-    the other packages blocked, as if not installed (export_hf.py needs safetensors, by design)."""
+    """A GPU machine may have nothing else: train.py, sample.py, bench.py and gpu_check.py import
+    with the other packages blocked, as if not installed (export_hf.py needs safetensors, by
+    design; gpu_check.py imports transformers only to compare the export's logits)."""
     blocked = ['tqdm', 'tiktoken', 'datasets', 'matplotlib', 'safetensors', 'transformers']
-    code = ['import sys', "sys.path.insert(0, 'scripts')",
-            *[f'sys.modules[{name!r}] = None' for name in blocked],
-            'import train, sample, gpu_check, gpu_real_text, gpu_levers, paper_on_cpu']
+    code = ['import sys', *[f'sys.modules[{name!r}] = None' for name in blocked],
+            'import train, sample, bench, gpu_check']
     out = subprocess.run([sys.executable, '-c', '\n'.join(code)], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')
-def test_gpu_check_refuses_cuda_without_a_gpu():
-    out = subprocess.run([sys.executable, 'scripts/gpu_check.py'], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode != 0 and '--device=cpu --tiny' in out.stderr
 
 
 def test_grouped_mm_is_only_used_where_its_kernels_run():
@@ -186,16 +224,6 @@ def test_grouped_mm_is_only_used_where_its_kernels_run():
     if torch.cuda.is_available():
         assert (train.grouped_mm_ok(bf16.cuda(), 32)
                 and not train.grouped_mm_ok(bf16[:, :12].cuda(), 32))
-
-
-def test_gpu_check_default_settings_are_a_valid_config():
-    """The default (paper-scale, 300 steps) arguments go through train.py's configurator without
-    error."""
-    import gpu_check  # scripts/, on the path through conftest
-    for tiny in (False, True):
-        steps = 8 if tiny else 300
-        c = train.configure(['config/moe.py'] + gpu_check.train_args(steps, tiny))
-        assert c.max_iters == steps and c.ckpt_interval % c.log_interval == 0
 
 
 def test_stages_compute_what_they_are_named():
