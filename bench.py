@@ -47,7 +47,8 @@ class NaiveMoE(train.MoE):
 def no_aux(x, n_experts):
     """The aux of a stage without aux losses and statistics: zeros in their places."""
     zero = x.new_zeros(())
-    return {'lb': zero, 'z': zero, 'routing': train.routing_row(x.new_zeros(n_experts), zero, zero)}
+    losses = {key: zero for key in train.AUX_LOSSES}
+    return {**losses, 'routing': train.routing_row(x.new_zeros(n_experts), zero, zero)}
 
 
 class ExpertsOnlyMoE(train.MoE):

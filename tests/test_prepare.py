@@ -447,10 +447,8 @@ def test_interrupt_mid_write_leaves_nothing(tmp_path, good_dataset, monkeypatch,
 # ----------------------------------------------------------------------------- gpt2
 
 @pytest.fixture
-def gpt2_env(monkeypatch):
-    cache = os.path.join(REPO, "..", "shared", "tiktoken_cache")
-    if os.path.isdir(cache):
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", os.path.abspath(cache))
+def gpt2_env():
+    """tiktoken's GPT-2 encoding: downloaded once, or from TIKTOKEN_CACHE_DIR offline."""
     try:
         import tiktoken
         enc = tiktoken.get_encoding("gpt2")

@@ -1,7 +1,7 @@
 """How dense the code reads: per Python file, its lines, the lines over 100 columns, the AST nodes
 per code line and the comment lines, as a markdown table.
 
-    python scripts/code_stats.py train.py plumbing.py configurator.py report.py bench.py
+    python -m study.code_stats train.py plumbing.py configurator.py report.py bench.py
 
 A code line is a line with a token that is not a comment (docstrings count, blank lines do not); the
 nodes are those of Python's ast module without the Load/Store/Del markers, which say how a name is
@@ -10,12 +10,10 @@ on nanoGPT's model.py to compare.
 """
 import ast
 import io
-import os
 import sys
 import tokenize
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plumbing import UserError, one_line_errors  # noqa: E402
+from plumbing import UserError, one_line_errors
 
 NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENDMARKER)
@@ -50,5 +48,5 @@ def main(paths):
 
 
 if __name__ == '__main__':
-    with one_line_errors('code_stats.py'):
+    with one_line_errors('study.code_stats'):
         main(sys.argv[1:])
