@@ -311,8 +311,9 @@ def break_even_lines(break_even):
     lines = ['', '## Break-even: the token multiplier k* against the step-time ratio r', '',
              'k: the MoE\'s tokens over its dense_total\'s, each run with its own warmup and '
              'cosine schedule. k*: where the seed-mean gap (MoE - dense_total) reaches 0, linear '
-             'between the trained k\'s: the gap falls ever more slowly with k, so the line between '
-             'two trained k\'s lies above it and k* leans high, against the MoE. The 90% interval '
+             'between the trained k\'s. Where the gap falls ever more slowly with k, the line '
+             'between two trained k\'s lies above it and k* leans high, against the MoE; each '
+             'MoE\'s gaps below show whether it does. The 90% interval '
              f'resamples the seeds trained at every k ({BOOTSTRAP} times). The MoE wins on time on '
              'a machine where dense_total\'s step takes more than k* times the MoE\'s (r > k*).',
              '', '| MoE | seeds | gap at each k | k* | 90% interval | each seed\'s k*: median '

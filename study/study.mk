@@ -184,8 +184,7 @@ $(TIME_RUNS): out/time_%/done.json: | $(foreach c,$(COMPUTE_MOES),$(COMPUTE_BENC
 # thread, the models interleaved step by step, RATIO_ROUNDS rounds, each round's ratio of medians: alone, beside a
 # second bench of the same config (as make -j2 trains) and cpu_moe at the paper's width (d_model 160:
 # cpu_moe_d160, no k* there). And whole runs: cpu_dense_total and the MoE at the recipe's tokens started together
-# on PAIR_SEEDS (study/pair_ratio.py); the MoE finishes first and dense_total's last steps run alone, which
-# lowers r
+# on PAIR_SEEDS (study/pair_ratio.py)
 RATIO_ROUNDS ?= 10
 PAIR_SEEDS ?= 1 2 3
 RATIO := results/cpu/compute/ratio
