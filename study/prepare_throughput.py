@@ -2,7 +2,7 @@
 prepare.py's tokenising speed against one tiktoken encode_ordinary_batch call on the same stories,
 same run.
 
-    python scripts/prepare_throughput.py --input FILE [--num_proc 2]
+    python -m study.prepare_throughput --input FILE [--num_proc 2]
 
 prepare.py's rate covers its tokenise-and-write phase (worker start-up, tokenising, writing
 train.bin and val.bin); the reference is tiktoken's own batch API on the same stories (its thread
@@ -19,9 +19,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-import prepare  # noqa: E402
+import prepare
 
 
 def main(argv):
