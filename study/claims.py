@@ -17,8 +17,10 @@ import sys
 import report
 from plumbing import UserError, one_line_errors
 
-# a paper claim is decided where a paired t passes this (either sign); else "not established"
+# a paper claim is decided where a paired t passes this (either sign); else "not established".
+# Only once every planned seed pair is in: a t over fewer seeds decides nothing
 T_DECIDES = 2.5
+PLANNED_SEEDS = 10
 MOE, DENSE_ACTIVE, DENSE_TOTAL = 'w224_cpu_moe', 'w224_cpu_dense_active', 'w224_cpu_dense_total'
 ABLATIONS = {'w224_cpu_moe_top1': 'top-1, Switch balancing',
              'w224_cpu_moe_top1_nolb': 'top-1, no balancing (the naive router)',
@@ -131,9 +133,12 @@ def claims(runs):
     out = []
 
     def claim(text, what, gap, if_positive, if_negative, if_neither='not established'):
+        decided = verdict(t_of(gap), if_positive, if_negative, if_neither=if_neither)
+        n = gap['n'] if gap else 0
+        if n < PLANNED_SEEDS:
+            decided = f'not yet: {n} of {PLANNED_SEEDS} seed pairs'
         out.append({'claim': text, 'statistic': what, 'gap': gap, 't': t_of(gap),
-                    'verdict': verdict(t_of(gap), if_positive, if_negative,
-                                       if_neither=if_neither)})
+                    'verdict': decided})
 
     if top1 and naive:
         claim('naive top-1 collapses', 'busiest_frac at the end: top-1 without - with balancing',

@@ -60,6 +60,9 @@ def test_the_ablation_claims_are_decided_by_paired_t(tmp_path):
     assert found['the z-loss does not change the loss']['verdict'] == (
         'consistent: no difference established')
     assert found['the z-loss keeps the router logits small']['gap']['mean'] == pytest.approx(1.5)
+    # with a seed pair missing, nothing is decided
+    fewer = {name: {s: run for s, run in seeds.items() if s != 10} for name, seeds in runs.items()}
+    assert {c['verdict'] for c in claims.claims(fewer)} == {'not yet: 9 of 10 seed pairs'}
     rows = claims.ablations(runs)
     assert rows['w224_cpu_moe_top1_nolb']['runs_with_a_collapsed_layer'] == 10
     assert rows['w224_cpu_moe_top1']['runs_with_a_collapsed_layer'] == 0
