@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import plumbing
-import same_log  # scripts/, on the path through conftest
 import train
-from conftest import REPO, TINY, config, run
+from conftest import REPO, TINY, config, read_log, run
 from plumbing import UserError
 
 RESUMABLE = TINY + ['--ckpt_interval=10']
@@ -23,35 +22,6 @@ RESUMABLE = TINY + ['--ckpt_interval=10']
 def train_args(prepared, out_dir, *extra):
     return ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}',
             f'--out_dir={out_dir}', *RESUMABLE, *extra]
-
-
-def test_same_log_accepts_a_rerun_and_names_what_differs(tmp_path):
-    lines = [{'iter': 0, 'val_loss': 5.5, 'best_val': 5.5},
-             {'iter': 10, 'loss': 3.25, 'tok_per_s': 1000.0}]
-    for name, tok_per_s, val_loss in (('a', 1000.0, 5.5), ('b', 2000.0, 5.5), ('c', 1000.0, 5.25)):
-        (tmp_path / name).mkdir()
-        (lines[0]['val_loss'], lines[0]['best_val'],
-         lines[1]['tok_per_s']) = val_loss, val_loss, tok_per_s
-        (tmp_path / name / 'log.jsonl').write_text(
-            ''.join(json.dumps(line) + '\n' for line in lines))
-
-    def same(x, y):
-        return subprocess.run(
-            [sys.executable, 'scripts/same_log.py', str(tmp_path / x), str(tmp_path / y)],
-            cwd=REPO, capture_output=True, text=True, timeout=60)
-    out = same('a', 'b')  # only the throughput differs
-    assert out.returncode == 0 and 'the same: 2 log lines' in out.stdout
-    out = same('a', 'c')
-    assert out.returncode == 1 and 'line 1: val_loss 5.5 != 5.25' in out.stdout
-    assert out.stdout.splitlines()[-1] == 'best val loss: 5.5000 -> 5.2500 (-0.2500)'
-    # a field one log never has (written before train.py logged it) is named, not compared
-    old = [{k: v for k, v in line.items() if k != 'loss'} for line in lines]
-    (tmp_path / 'old').mkdir()
-    (tmp_path / 'old' / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in old))
-    out = same('c', 'old')
-    assert out.returncode == 0 and out.stdout.startswith('not compared, in one log only: loss\n')
-    out = same('a', 'missing')
-    assert out.returncode == 1 and 'missing' in out.stderr and 'log.jsonl' in out.stderr
 
 
 KILL_AT = ('import os, signal, sys, train\n'
@@ -78,13 +48,13 @@ def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(prepared):
         assert proc.returncode == -signal.SIGKILL, proc.stderr
         assert (plumbing.load_checkpoint(str(b / 'latest.pt'))['iter'] == 20
                 and not (b / 'done.json').exists())
-        logged = [r['iter'] for r in same_log.read_log(b)]
+        logged = [r['iter'] for r in read_log(b)]
         # the lines the resume has to cut back (or not)
         assert logged[-1] == (30 if at == 35 else 20), logged
     out = run('train.py', *args, f'--out_dir={b}', '--resume=True')
     assert out.returncode == 0, out.stderr
     assert 'resumed at iter 20' in out.stdout
-    assert same_log.read_log(b) == same_log.read_log(prepared / 'straight')
+    assert read_log(b) == read_log(prepared / 'straight')
     final = [plumbing.load_checkpoint(str(d / 'latest.pt'))['model']
              for d in (b, prepared / 'straight')]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
@@ -196,7 +166,7 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared, one_process, c
     used = json.load(open(ddp / 'config.json'))
     assert (used['world_size'], used['compile_used']) == (2, compiled)
     runs = [one_process, ddp]
-    logs = [same_log.read_log(d) for d in runs]
+    logs = [read_log(d) for d in runs]
     assert [r['iter'] for r in logs[0]] == [r['iter'] for r in logs[1]]
     # (a training line's routing statistics are of its last micro-batch(es): not compared)
     for a, b in zip(*logs):

@@ -3,8 +3,8 @@
 must be equal. A field that one log never has (a log written before train.py logged it, such as
 flops) is left out, and named.
 
-    python scripts/same_log.py out/cpu_moe-s1 results/cpu/warmup/runs/w224_cpu_moe-s1
-    python scripts/same_log.py out/first/cpu_moe-s1 results/cpu/runs/cpu_moe-s1   # 2% warmup
+    python -m study.same_log out/cpu_moe-s1 results/cpu/warmup/runs/w224_cpu_moe-s1
+    python -m study.same_log out/first/cpu_moe-s1 results/cpu/runs/cpu_moe-s1   # 2% warmup
 
 Prints the first differences and how far the best val loss moved, and exits 1 if there are any,
 else one line and exit 0.
@@ -51,7 +51,7 @@ def best_val(log):
 
 def main(argv):
     if len(argv) != 2:
-        sys.exit('usage: python scripts/same_log.py RUN_DIR OTHER_RUN_DIR')
+        sys.exit('usage: python -m study.same_log RUN_DIR OTHER_RUN_DIR')
     log_a, log_b = read_log(argv[0]), read_log(argv[1])
     only_one = sorted(fields(log_a) ^ fields(log_b))
     if only_one:
