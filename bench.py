@@ -5,6 +5,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
     python bench.py config/cpu_moe.py --compile=True --steps=20
     python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes
     python bench.py config/cpu_moe.py --stages=True    # also: the MoE built up in stages (STAGES)
+    python bench.py config/cpu_moe.py --layer=True     # instead: one FFN layer, and the MoE's parts
     python bench.py config/moe.py --levers=bf16_ce,padded_vocab   # also: speed levers (LEVERS)
 
 All models come from the given config's shared recipe (only the FFN differs, as in training). The
@@ -226,6 +227,86 @@ def print_profile(models, batches, step, sync, on_gpu, top=15):
         print(f'  {ms:+8.2f}  {op[:100]}')
 
 
+# --layer: one FFN layer, forward and backward, on one step's tokens at the recipe's width
+class NoExperts(train.MoE):
+    """The MoE's dispatch with experts that pass their rows through: what grouping, the copies to
+    the experts and back and the weighted sum cost on their own."""
+
+    def run_experts(self, xs, counts):
+        return xs
+
+
+def layer_parts(configs, device):
+    """The parts --layer times, each a forward and backward of one layer on the same tokens:
+    dense_active's SwiGLU, the MoE layer, and the MoE in three parts that add up to it (the
+    routing, the dispatch, the experts' matmuls alone, on rows already grouped by expert)."""
+    c = configs['moe']
+    torch.manual_seed(0)
+    moe = train.MoE(c, resid_std=0.02).to(device)
+    no_experts = NoExperts(c, resid_std=0.02).to(device)
+    dense = train.SwiGLU(c.d_model, configs['dense_active'].ffn_hidden, 0.02).to(device)
+    N = c.batch_size * c.block_size
+    x = torch.randn(N, c.d_model, device=device, requires_grad=True)
+    grad_y = torch.randn(N, c.d_model, device=device)  # what flows back into the layer's output
+    with torch.no_grad():  # one routing, fixed, for the dispatch and the experts
+        probs, _, weights, experts = moe.route(x)
+        order, _, counts = train.group_by_expert(experts, c.n_experts)
+    weights.requires_grad_()
+    xs = x.detach()[order % N].requires_grad_()  # the rows as the experts get them
+    leaves = [x, weights, xs, *moe.parameters(), *dense.parameters()]
+
+    def fresh(part):
+        """part, then the gradients it left dropped, as a training step sets them to None."""
+        def run():
+            part()
+            for leaf in leaves:
+                leaf.grad = None
+        return run
+
+    def moe_layer():
+        y, aux = moe(x)
+        torch.autograd.backward([y, aux['lb'] + aux['z']], [grad_y, None])
+
+    def routing():
+        probs, log_z, weights, _ = moe.route(x)
+        aux = moe.aux(probs, log_z, counts)
+        (aux['lb'] + aux['z'] + weights.sum()).backward()
+
+    parts = {'dense_active': lambda: dense(x)[0].backward(grad_y),
+             'moe': moe_layer,
+             'routing': routing,
+             'dispatch': lambda: no_experts.dispatch(x, weights, experts)[0].backward(grad_y),
+             'experts': lambda: moe.run_experts(xs, counts).backward(xs.detach())}
+    return {name: fresh(part) for name, part in parts.items()}
+
+
+def time_layer(configs, device, sync, rounds):
+    """--layer's timings: each part rounds x 20 times, interleaved; the medians, in ms."""
+    parts = layer_parts(configs, device)
+    times = {name: [] for name in parts}
+    for run in range(rounds * 20 + 3):  # the first 3 rounds warm up, untimed
+        for name, part in parts.items():
+            sync()
+            t0 = time.perf_counter()
+            part()
+            sync()
+            if run >= 3:
+                times[name].append(time.perf_counter() - t0)
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    c = configs['moe']
+    print(f'one FFN layer, forward and backward, {c.batch_size * c.block_size} tokens of width '
+          f'{c.d_model}, {plumbing.hardware_name(device)}: median ms of {rounds * 20}, and each '
+          'over dense_active\'s')
+    for name, v in ms.items():
+        print(f'{name:<13} {v:>7.3f} {v / ms["dense_active"]:>6.3f}')
+    shares = {'routing': ms['routing'] / ms['moe'], 'dispatch': ms['dispatch'] / ms['moe'],
+              'not_experts': 1 - ms['experts'] / ms['moe']}
+    print(f'of the MoE layer: routing {shares["routing"]:.0%}, dispatch {shares["dispatch"]:.0%}; '
+          f'the layer less its experts\' matmuls {shares["not_experts"]:.0%}')
+    print(json.dumps({'hardware': plumbing.hardware_name(device), 'torch': torch.__version__,
+                      'layer_ms': ms, 'layer_shares': shares}))
+
+
 def option(argv, key, default):
     """The value of bench.py's own --key=value in argv, or default."""
     return next((a.split('=', 1)[1] for a in argv if a.startswith(f'--{key}=')), default)
@@ -234,8 +315,9 @@ def option(argv, key, default):
 def main(argv):
     steps, rounds = int(option(argv, 'steps', 10)), int(option(argv, 'rounds', 3))
     profile, stages = '--profile=True' in argv, '--stages=True' in argv
+    layer = '--layer=True' in argv
     levers = [name for name in option(argv, 'levers', '').split(',') if name]
-    ours = ('--steps=', '--rounds=', '--profile=', '--stages=', '--levers=')
+    ours = ('--steps=', '--rounds=', '--profile=', '--stages=', '--levers=', '--layer=')
     argv = [a for a in argv if not a.startswith(ours)]
     if steps < 1 or rounds < 1 or steps * rounds < 2:
         raise plumbing.UserError('--steps and --rounds must be >= 1 and time at least 2 steps in '
@@ -255,6 +337,8 @@ def main(argv):
     # a GPU runs asynchronously: wait for it before reading the clock
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type,
                                                                              lambda: None)
+    if layer:
+        return time_layer(configs, device, sync, rounds)
 
     models = {}
     for name, cfg in configs.items():

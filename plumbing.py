@@ -2,9 +2,9 @@
 What train.py needs to run but a reader of the method does not: the one error path for mistakes
 a user can fix, the device and its precision, atomic files, checkpoints (loading them safely,
 checking and restoring a resumed run), the run's files and log, its speed and MFU, the stop on a
-loss that is not finite, the routing statistics a run logs, and gather_rows: the MoE's row gather
-with a faster backward. Nothing here knows the model; train.py, sample.py, export_hf.py, bench.py
-and prepare.py import from it, as they import configurator.py.
+loss that is not finite, the routing statistics a run logs, and the MoE's row copies there and
+back (copy_rows, weighted_sum) with faster backwards. Nothing here knows the model; train.py,
+sample.py, export_hf.py, bench.py and prepare.py import from it, as they import configurator.py.
 """
 import contextlib
 import datetime
@@ -20,6 +20,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 # ----------------------------------------------------------------------------- errors
@@ -155,34 +156,49 @@ def to_device(batch, device):
 
 
 # ----------------------------------------------------------------------------- speed
-class GatherRows(torch.autograd.Function):
-    """gather_rows(x, rows, inverse) = x[rows], where rows = perm % len(x) for a permutation perm of
-    copies * len(x) positions, and inverse is perm's inverse permutation (perm[inverse[i]] = i):
-    each row of x comes out `copies` times. train.py's MoE dispatch uses it twice, with
-    group_by_expert's order and slot, which are inverse permutations: to copy each token's row to
-    its k experts (perm = order, inverse = slot, copies = k), and to put the experts' rows back
-    (perm = slot, inverse = order, copies = 1).
+class CopyRows(torch.autograd.Function):
+    """copy_rows(x, rows, bags) = x[rows]: row t of x copied to the places listed in bags[t], one
+    bag per row (rows[s] is the row at place s). train.py's MoE copies each token's row to its k
+    experts' slots with it.
 
-    Why not plain x[rows]: its backward scatter-adds each row's gradient into place, which compiled
-    CPU code does with atomic adds, slowly. Knowing the inverse, the backward can be a gather
-    instead: the gradient rows in inverse order, then the copies of each row summed."""
+    Why not plain x[rows]: its backward scatter-adds each copy's gradient into place, one row at a
+    time. Knowing each row's places, the backward sums each bag in one pass (embedding_bag)."""
 
     @staticmethod
-    def forward(ctx, x, rows, inverse):
-        ctx.save_for_backward(inverse)
-        ctx.n_rows = x.shape[0]
+    def forward(ctx, x, rows, bags):
+        ctx.save_for_backward(bags)
         return x.index_select(0, rows)
 
     @staticmethod
     def backward(ctx, grad):
-        inverse, = ctx.saved_tensors
-        grad = grad.index_select(0, inverse)  # row i: the gradient of the row perm put at i
-        if grad.shape[0] > ctx.n_rows:  # copies > 1: copy c of row t is row c * n_rows + t
-            grad = grad.view(-1, ctx.n_rows, grad.shape[-1]).sum(dim=0)
-        return grad, None, None
+        bags, = ctx.saved_tensors
+        return F.embedding_bag(bags, grad, mode='sum'), None, None
 
 
-gather_rows = GatherRows.apply
+class WeightedSum(torch.autograd.Function):
+    """weighted_sum(ys, weights, bags, rows) = y, where y[t] = sum_c weights[t, c] * ys[bags[t, c]]
+    and rows[s] is the t whose bag holds row s of ys (each row of ys is in one bag). train.py's MoE
+    sums each token's k expert outputs with it, weighted by the router.
+
+    The forward is one embedding_bag: one pass over ys. Its own backward scatter-adds into ys row by
+    row; knowing rows, each row's gradient is a gather of grad instead."""
+
+    @staticmethod
+    def forward(ctx, ys, weights, bags, rows):
+        ctx.save_for_backward(ys, weights, bags, rows)
+        return F.embedding_bag(bags, ys, per_sample_weights=weights, mode='sum')
+
+    @staticmethod
+    def backward(ctx, grad):
+        ys, weights, bags, rows = ctx.saved_tensors
+        grad_rows = grad.index_select(0, rows)  # row s: the gradient of the output it went to
+        row_weights = weights.new_empty(len(rows)).scatter_(0, bags.flatten(), weights.flatten())
+        grad_ys = grad_rows * row_weights[:, None]
+        grad_weights = (grad_rows * ys).sum(dim=1)[bags]  # d y[t] / d weights[t, c]: ys[bags[t, c]]
+        return grad_ys, grad_weights, None, None
+
+
+copy_rows, weighted_sum = CopyRows.apply, WeightedSum.apply
 
 
 # ----------------------------------------------------------------------------- routing statistics

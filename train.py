@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import configurator
 import plumbing
-from plumbing import UserError, gather_rows, routing_row, routing_stats, unpack_routing
+from plumbing import UserError, copy_rows, routing_row, routing_stats, unpack_routing, weighted_sum
 from prepare import check_prepared
 
 # ----------------------------------------------------------------------------- config
@@ -216,13 +216,17 @@ class MoE(nn.Module):
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # the tokens as rows: (N, d)
-        N, E, k = x.shape[0], self.n_experts, self.top_k
         probs, log_z, weights, experts = self.route(x)
         y, counts = self.dispatch(x, weights, experts)
         if self.shared is not None:  # every token also goes through the shared expert, weight 1
             shared_y, _ = self.shared(x)
             y = y + shared_y
-        load = counts.float() / (N * k)  # f_i: the share of the assignments that go to expert i
+        return y.view(shape), self.aux(probs, log_z, counts)
+
+    def aux(self, probs, log_z, counts):
+        """The layer's aux losses and routing row, from route's probs, log_z and rows per expert."""
+        E, N = probs.shape
+        load = counts.float() / (N * self.top_k)  # f_i: the share of the assignments to expert i
         # Switch load balancing, E * sum_i f_i * P_i (P_i: the mean router probability of expert i,
         # over the tokens): 1 when balanced; E when one expert gets every token (at top-1). f_i is
         # counted, with no gradient: only P_i trains the router through this loss
@@ -233,7 +237,7 @@ class MoE(nn.Module):
             # how sure the router is: each token's entropy over the experts, averaged; <= ln(E)
             entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()
             routing = routing_row(load, entropy, log_z.mean())
-        return y.view(shape), {'lb': lb, 'z': z, 'routing': routing}
+        return {'lb': lb, 'z': z, 'routing': routing}
 
     def route(self, x):
         """Each token's top_k experts and their routing weights. For N tokens, E experts, k top_k:
@@ -267,22 +271,18 @@ class MoE(nn.Module):
 
     def dispatch(self, x, weights, experts):
         """Dropless dispatch: each expert runs once, on the rows routed to it, grouped together.
-        weights, experts: per assignment, choice-major (assignment a is token a % N's
-        (a // N)-th choice). -> (y: each token's k expert outputs, weighted and summed; counts:
-        rows per expert). tests/test_model.py holds the same computation as a plain loop over the
-        experts; grouped, each expert is one matrix multiply on one block of rows."""
+        weights, experts: per assignment, choice-major (assignment a is token a % N's (a // N)-th
+        choice). -> (y: each token's k expert outputs, weighted and summed; counts: rows per
+        expert). tests/conftest.py's reference_moe computes the same as a plain loop."""
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
-        # slot s gets token order[s] % N's row: each token's row once per chosen expert, by expert.
-        # gather_rows(x, rows, inverse) is x[rows] with a faster backward (plumbing.py)
-        xs = gather_rows(x, rows=order % N, inverse=slot)
-        ys = self.run_experts(xs, counts)
-        # back to assignment order, row a = assignment a's output: the same permutations swapped
-        ys = gather_rows(ys, rows=slot, inverse=order)
-        # choice-major, token t's k outputs are rows t, N + t, ...: viewed as (k, N, d) they line
-        # up along dim 0, weighted and summed there (in fp32, also under autocast)
-        ys = ys.view(k, N, -1)
-        y = (ys.float() * weights.view(k, N, 1)).sum(dim=0)
+        tokens = order % N  # slot s gets token tokens[s]'s row, for expert experts[order[s]]
+        slots = slot.view(k, N).t().contiguous()  # token t's k slots, a row per token: (N, k)
+        weights = weights.view(k, N).t()  # and their routing weights, the same way
+        # copy_rows(x, tokens, slots) is x[tokens]; weighted_sum(ys, weights, slots, tokens)[t] is
+        # sum_c weights[t, c] * ys[slots[t, c]]: each with a faster backward (plumbing.py)
+        ys = self.run_experts(copy_rows(x, tokens, slots), counts)
+        y = weighted_sum(ys.float(), weights, slots, tokens)  # in fp32, also under autocast
         return y.to(x.dtype), counts
 
     @torch.no_grad()

@@ -158,18 +158,43 @@ def test_router_settings_leave_every_other_weight_as_the_default_init():
     assert train.param_groups(zero, config())[2]['weight_decay'] == 0.1
 
 
+def scattered_bags(n_rows, copies, seed=0):
+    """Rows 0 .. n_rows - 1 each copied to `copies` places of n_rows * copies, at random: -> rows
+    (the row at each place) and bags (each row's places, a row of bags per row)."""
+    place = torch.randperm(n_rows * copies, generator=torch.Generator().manual_seed(seed))
+    bags = place.view(n_rows, copies)
+    row_of_each = torch.arange(n_rows).repeat_interleave(copies)  # bags' rows, read row by row
+    rows = torch.empty_like(place).scatter_(0, place, row_of_each)
+    return rows, bags
+
+
 @pytest.mark.parametrize('copies', [1, 3])
-def test_gather_rows_equals_repeat_then_index(copies):
-    """gather_rows(x, perm % len(x), inverse) is x.repeat(copies, 1)[perm], gradient included."""
+def test_copy_rows_is_indexing_with_its_gradient(copies):
+    """copy_rows(x, rows, bags) is x[rows], gradient included."""
     torch.manual_seed(0)
     x = torch.randn(5, 4, requires_grad=True)
-    perm = torch.randperm(5 * copies)
-    y = train.gather_rows(x, perm % 5, perm.argsort())
-    y_ref = x.repeat(copies, 1)[perm]
+    rows, bags = scattered_bags(5, copies)
+    y, y_ref = train.copy_rows(x, rows, bags), x[rows]
     assert torch.equal(y, y_ref)
     probe = torch.randn_like(y)
     torch.testing.assert_close(torch.autograd.grad((y * probe).sum(), x)[0],
                                torch.autograd.grad((y_ref * probe).sum(), x)[0])
+
+
+@pytest.mark.parametrize('copies', [1, 3])
+def test_weighted_sum_is_a_gather_times_weights_with_its_gradients(copies):
+    """weighted_sum(ys, weights, bags, rows)[t] = sum_c weights[t, c] * ys[bags[t, c]]."""
+    torch.manual_seed(0)
+    rows, bags = scattered_bags(5, copies)
+    ys = torch.randn(5 * copies, 4, requires_grad=True)
+    weights = torch.rand(5, copies, requires_grad=True)
+    y = train.weighted_sum(ys, weights, bags, rows)
+    y_ref = (ys[bags] * weights[:, :, None]).sum(dim=1)
+    torch.testing.assert_close(y, y_ref)
+    probe = torch.randn_like(y)
+    for got, want in zip(torch.autograd.grad((y * probe).sum(), (ys, weights)),
+                         torch.autograd.grad((y_ref * probe).sum(), (ys, weights))):
+        torch.testing.assert_close(got, want)
 
 
 def test_one_expert_top1_equals_dense_swiglu():
