@@ -55,6 +55,14 @@ def verdict(t, if_positive, if_negative, threshold=T_DECIDES, if_neither='not es
     return if_positive if t > 0 else if_negative
 
 
+def decide(gap, if_positive, if_negative, if_neither='not established'):
+    """verdict of the gap's t once every planned seed pair is in; before, 'not yet: n of 10'."""
+    n = gap['n'] if gap else 0
+    if n < PLANNED_SEEDS:
+        return f'not yet: {n} of {PLANNED_SEEDS} seed pairs'
+    return verdict(t_of(gap), if_positive, if_negative, if_neither=if_neither)
+
+
 def gap_text(gap):
     """'+0.0123 ± 0.0045 (9 of 10 > 0, t 8.6)'."""
     if not gap:
@@ -133,10 +141,7 @@ def claims(runs):
     out = []
 
     def claim(text, what, gap, if_positive, if_negative, if_neither='not established'):
-        decided = verdict(t_of(gap), if_positive, if_negative, if_neither=if_neither)
-        n = gap['n'] if gap else 0
-        if n < PLANNED_SEEDS:
-            decided = f'not yet: {n} of {PLANNED_SEEDS} seed pairs'
+        decided = decide(gap, if_positive, if_negative, if_neither)
         out.append({'claim': text, 'statistic': what, 'gap': gap, 't': t_of(gap),
                     'verdict': decided})
 
@@ -217,7 +222,12 @@ def activation(runs):
     ks = sorted(rows)
     steps = {f'top-{b} - top-{a}': report.paired(runs[ACTIVATION[b]], runs[ACTIVATION[a]])
              for a, b in zip(ks, ks[1:])}
-    return {'rows': rows, 'steps': steps}
+    # the answers: how the loss moves from one k to the next, and where each k stands against
+    # dense_total at equal tokens
+    moves = {step: decide(gap, 'the loss rises', 'the loss falls') for step, gap in steps.items()}
+    against_total = {k: decide(row.get('vs_dense_total_tokens'), 'behind dense_total',
+                               'ahead of dense_total') for k, row in rows.items()}
+    return {'rows': rows, 'steps': steps, 'moves': moves, 'against_total': against_total}
 
 
 # ----------------------------------------------------------------------------- the shared expert
@@ -277,7 +287,11 @@ def activation_lines(act):
         lines.append(f'| {k} | {row["active_fraction"]:.2f} | {mean_pm(row["best_val"])} | '
                      + ' | '.join(cells) + ' |')
     lines += ['', 'From one top-k to the next (best val loss, paired):', '']
-    lines += [f'- {step}: {gap_text(gap)}' for step, gap in act['steps'].items()]
+    lines += [f'- {step}: {gap_text(gap)}: **{act["moves"][step]}**'
+              for step, gap in act['steps'].items()]
+    standing = [f'top-{k} {answer}' for k, answer in sorted(act['against_total'].items())]
+    lines += ['', 'Against dense_total at equal tokens (the table\'s first gap column): '
+              + '; '.join(standing) + '.']
     return lines
 
 

@@ -108,3 +108,22 @@ def test_the_report_is_written_from_the_folders(tmp_path):
     assert (tmp_path / 'report' / 'collapse.png').exists()
     summary = json.loads((tmp_path / 'report' / 'report.json').read_text())
     assert summary['shared'] is None and summary['activation']['rows'] == {}
+
+
+def test_the_activation_answers_say_how_the_loss_moves_with_k(tmp_path):
+    """top-1 far behind top-2; top-4 a noisy step from top-2; dense_total ahead of top-1 and
+    level (by construction, only noise apart) with top-4."""
+    for seed, noise in enumerate(NOISE, start=1):
+        write_run(tmp_path, 'w224_cpu_dense_total', seed, 1.19 + noise)
+        write_run(tmp_path, 'w224_cpu_moe_fine8_top1', seed, 1.27 + 1.5 * noise, top_k=1)
+        write_run(tmp_path, 'w224_cpu_moe_fine8_top2', seed, 1.21 + 0.5 * noise)
+        write_run(tmp_path, 'w224_cpu_moe_fine8', seed, 1.19 + noise + NOISE[seed % 10], top_k=4)
+    runs = claims.report.load_runs(sorted(str(p) for p in tmp_path.iterdir()), print)
+    act = claims.activation(runs)
+    assert act['steps']['top-2 - top-1']['mean'] == pytest.approx(-0.06, abs=1e-3)
+    assert act['moves'] == {'top-2 - top-1': 'the loss falls', 'top-4 - top-2': 'the loss falls'}
+    assert act['against_total'] == {1: 'behind dense_total', 2: 'behind dense_total',
+                                    4: 'not established'}
+    # with 9 seed pairs nothing is decided yet
+    one_less = {name: dict(list(seeds.items())[:9]) for name, seeds in runs.items()}
+    assert claims.activation(one_less)['moves']['top-2 - top-1'] == 'not yet: 9 of 10 seed pairs'
