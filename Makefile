@@ -57,13 +57,15 @@ $(PAPER_RUNS): out/%/done.json: | data/tinystories/meta.json
 $(CPU_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 
-# the cost of the MoE per training step at the CPU recipe's width (bench.py): eager with the MoE built up in
-# stages, compiled, eager with the profile of where the time goes, both on one thread (as the study trains, two
-# runs side by side); then wider
+# the cost of the MoE per training step at the CPU recipe's width (bench.py): eager; one FFN layer in parts
+# (one thread); compiled; eager with the profile of where the time goes; eager and compiled on one thread (as
+# the study trains, two runs side by side); then wider
 BENCH = $(PYTHON) bench.py config/cpu_moe.py
 bench: setup
 	mkdir -p results/bench
-	$(BENCH) --stages=True > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
+	$(BENCH) > results/bench/cpu_moe_eager.txt && cat results/bench/cpu_moe_eager.txt
+	OMP_NUM_THREADS=1 $(BENCH) --layer=True > results/bench/cpu_moe_layer_1thread.txt \
+		&& cat results/bench/cpu_moe_layer_1thread.txt
 	$(BENCH) --compile=True > results/bench/cpu_moe_compiled.txt && cat results/bench/cpu_moe_compiled.txt
 	$(BENCH) --profile=True > results/bench/cpu_moe_eager_profile.txt && cat results/bench/cpu_moe_eager_profile.txt
 	OMP_NUM_THREADS=1 $(BENCH) > results/bench/cpu_moe_eager_1thread.txt && cat results/bench/cpu_moe_eager_1thread.txt

@@ -4,8 +4,7 @@ What does the MoE cost? Times training steps of the MoE, dense_active, dense_tot
     python bench.py config/cpu_moe.py                  # eager, on this machine's device
     python bench.py config/cpu_moe.py --compile=True --steps=20
     python bench.py config/cpu_moe.py --profile=True   # also: where the MoE's extra time goes
-    python bench.py config/cpu_moe.py --stages=True    # also: the MoE built up in stages (STAGES)
-    python bench.py config/cpu_moe.py --layer=True     # instead: one FFN layer, and the MoE's parts
+    python bench.py config/cpu_moe.py --layer=True     # instead: one FFN layer, the MoE's in parts
     python bench.py config/moe.py --levers=bf16_ce,padded_vocab   # also: speed levers (LEVERS)
 
 All models come from the given config's shared recipe (only the FFN differs, as in training). The
@@ -45,37 +44,6 @@ class NaiveMoE(train.MoE):
         return torch.einsum('enh,ehd,en->nd', h, self.down, gates.to(h.dtype)), counts
 
 
-def no_aux(x, n_experts):
-    """The aux of a stage without aux losses and statistics: zeros in their places."""
-    zero = x.new_zeros(())
-    losses = {key: zero for key in train.AUX_LOSSES}
-    return {**losses, 'routing': train.routing_row(x.new_zeros(n_experts), zero, zero)}
-
-
-class ExpertsOnlyMoE(train.MoE):
-    """Stage 1: the experts alone, each on an equal slice of the tokens' k copies, then each
-    token's copies summed: what running k narrow experts per token costs, with no router and no
-    grouping."""
-
-    def forward(self, x):
-        shape, x = x.shape, x.reshape(-1, x.shape[-1])
-        N, k, E = x.shape[0], self.top_k, self.n_experts
-        # near-equal slices, summing to N * k
-        rows = torch.tensor([(N * k + e) // E for e in range(E)], device=x.device)
-        y = self.run_experts(x.repeat(k, 1), rows).view(k, N, -1).sum(dim=0)
-        return y.view(shape), no_aux(x, self.n_experts)
-
-
-class RoutedMoE(train.MoE):
-    """Stage 2: + the router and the grouping of the tokens by its choice: the MoE layer without
-    its aux losses and routing statistics."""
-
-    def forward(self, x):
-        shape, x = x.shape, x.reshape(-1, x.shape[-1])
-        y, _ = self.dispatch(x, *self.route(x)[2:])
-        return y.view(shape), no_aux(x, self.n_experts)
-
-
 class ExpertLoopMoE(train.MoE):
     """train.MoE's loop over the experts, which it runs off the GPU, also where it would run
     grouped_mm: what grouped_mm saves on a GPU (on a CPU the two are the same model)."""
@@ -99,11 +67,6 @@ class Bf16CrossEntropy(train.Transformer):
         return None, ce, aux
 
 
-# --stages: the MoE built up, each stage a model of its own in the timing; the last stage is the
-# MoE as trained
-STAGES = {'experts_only': ('the experts alone', ExpertsOnlyMoE),
-          'routed': ('+ router and grouping', RoutedMoE),
-          'moe': ('+ aux losses and statistics (the MoE)', None)}
 # --levers: ways to a faster step, each the MoE changed in one way, a model of its own in the timing
 LEVERS = {'bf16_ce': ('the cross-entropy in bf16', Bf16CrossEntropy),
           'padded_vocab': ('the vocabulary padded to a multiple of 64, as nanoGPT pads GPT-2\'s',
@@ -112,8 +75,7 @@ LEVERS = {'bf16_ce': ('the cross-entropy in bf16', Bf16CrossEntropy),
           'reduce_overhead': ("compiled with mode='reduce-overhead' (CUDA graphs)", None),
           'max_autotune': ("compiled with mode='max-autotune-no-cudagraphs'", None)}
 COMPILE_MODES = {'reduce_overhead': 'reduce-overhead', 'max_autotune': 'max-autotune-no-cudagraphs'}
-VARIANTS = {'naive_moe': NaiveMoE,
-            **{name: cls for name, (_, cls) in {**STAGES, **LEVERS}.items() if cls}}
+VARIANTS = {'naive_moe': NaiveMoE, **{name: cls for name, (_, cls) in LEVERS.items() if cls}}
 
 
 def read_result(path):
@@ -155,7 +117,7 @@ def build(argv, levers=()):
 
 def make_model(name, cfg):
     """The model timed as name: every model starts from the same seed; the variants (the naive
-    MoE, the stages, the levers) have the MoE's weights, computed their way (padded_vocab's are
+    MoE, the levers) have the MoE's weights, computed their way (padded_vocab's are
     drawn anew, for its larger embedding)."""
     torch.manual_seed(0)
     model = train.Transformer(cfg)
@@ -248,8 +210,9 @@ def layer_parts(configs, device):
     N = c.batch_size * c.block_size
     x = torch.randn(N, c.d_model, device=device, requires_grad=True)
     grad_y = torch.randn(N, c.d_model, device=device)  # what flows back into the layer's output
+    grad_weights = torch.randn(N * c.top_k, device=device)  # and into the routing weights
     with torch.no_grad():  # one routing, fixed, for the dispatch and the experts
-        probs, _, weights, experts = moe.route(x)
+        _, _, weights, experts = moe.route(x)
         order, _, counts = train.group_by_expert(experts, c.n_experts)
     weights.requires_grad_()
     xs = x.detach()[order % N].requires_grad_()  # the rows as the experts get them
@@ -270,7 +233,7 @@ def layer_parts(configs, device):
     def routing():
         probs, log_z, weights, _ = moe.route(x)
         aux = moe.aux(probs, log_z, counts)
-        (aux['lb'] + aux['z'] + weights.sum()).backward()
+        torch.autograd.backward([aux['lb'] + aux['z'], weights], [None, grad_weights])
 
     parts = {'dense_active': lambda: dense(x)[0].backward(grad_y),
              'moe': moe_layer,
@@ -314,10 +277,9 @@ def option(argv, key, default):
 
 def main(argv):
     steps, rounds = int(option(argv, 'steps', 10)), int(option(argv, 'rounds', 3))
-    profile, stages = '--profile=True' in argv, '--stages=True' in argv
-    layer = '--layer=True' in argv
+    profile, layer = '--profile=True' in argv, '--layer=True' in argv
     levers = [name for name in option(argv, 'levers', '').split(',') if name]
-    ours = ('--steps=', '--rounds=', '--profile=', '--stages=', '--levers=', '--layer=')
+    ours = ('--steps=', '--rounds=', '--profile=', '--layer=', '--levers=')
     argv = [a for a in argv if not a.startswith(ours)]
     if steps < 1 or rounds < 1 or steps * rounds < 2:
         raise plumbing.UserError('--steps and --rounds must be >= 1 and time at least 2 steps in '
@@ -328,8 +290,6 @@ def main(argv):
                                  f'of {", ".join(LEVERS)}')
     configs = build(argv, levers)
     c = configs['moe']
-    if stages:
-        configs.update({name: c for name, (_, cls) in STAGES.items() if cls})
     device, use_compile, autocast, _ = plumbing.setup_device(c)  # as in training
     if not use_compile and COMPILE_MODES.keys() & set(levers):
         raise plumbing.UserError(f'--levers: {", ".join(COMPILE_MODES)} are ways of compiling; '
@@ -416,12 +376,6 @@ def main(argv):
               'naive_over_moe': ms['naive_moe'] / ms['moe'],
               'dense_total_over_moe': ms['dense_total'] / ms['moe'],
               'dense_total_over_moe_rounds': per_round}
-    if stages:
-        over_dense = {name: ms[name] / ms['dense_active'] for name in STAGES}
-        result['stages_over_dense_active'] = over_dense
-        ratios = [f'{label} {ms[name] / ms["dense_active"]:.3f}'
-                  for name, (label, _) in STAGES.items()]
-        print('the MoE built up in stages, each / dense_active: ' + ', '.join(ratios))
     if levers:
         result['levers'] = {name: {'over_moe': ms[name] / ms['moe'],
                                    'first_loss_minus_moe': first_loss[name] - first_loss['moe']}

@@ -10,7 +10,7 @@ import torch
 import bench
 import plumbing
 import train
-from conftest import REPO, config, expert_output, reference_moe
+from conftest import REPO, config, reference_moe
 
 
 def test_naive_moe_equals_the_routed_moe_and_the_per_token_reference():
@@ -35,7 +35,7 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--steps=2',
                           '--rounds=1', '--d_model=16', '--moe_hidden=16', '--block_size=32',
                           '--batch_size=4', '--ffn_multiple_of=1', '--profile=True',
-                          '--stages=True', '--levers=bf16_ce,padded_vocab,expert_loop'],
+                          '--levers=bf16_ce,padded_vocab,expert_loop'],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -51,8 +51,7 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     assert len(extra) == 15 and extra == sorted(extra, reverse=True)
     result = json.loads(lines[-1])
     assert set(result['tokens_per_s']) == {'moe', 'dense_active', 'dense_total', 'naive_moe',
-                                           'experts_only', 'routed', 'bf16_ce', 'padded_vocab',
-                                           'expert_loop'}
+                                           'bf16_ce', 'padded_vocab', 'expert_loop'}
     # in fp32 on a CPU, bf16_ce and expert_loop compute what the MoE does: the same first loss.
     # padded_vocab's softmax has 320 - 257 more classes, which at init add about ln(320 / 257)
     levers = result['levers']
@@ -71,10 +70,6 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     assert rounds['rounds'] == [ms['dense_total'] / ms['moe']] == [rounds['q1']]
     # which machine and torch measured it: a step time means little without them
     assert result['hardware'] == plumbing.cpu_name() and result['torch'] == torch.__version__
-    stages = result['stages_over_dense_active']
-    assert (list(stages) == ['experts_only', 'routed', 'moe']
-            and stages['moe'] == result['moe_over_dense_active'])
-    assert f'+ router and grouping {stages["routed"]:.3f}' in out.stdout
 
 
 def ms_ratio(result, name, reference):
@@ -226,36 +221,32 @@ def test_grouped_mm_is_only_used_where_its_kernels_run():
                 and not train.grouped_mm_ok(bf16[:, :12].cuda(), 32))
 
 
-def test_stages_compute_what_they_are_named():
-    """experts_only runs expert e on the e-th near-equal slice of the tokens' k copies and sums the
-    copies; routed is the MoE layer's output, router gradient included, without the aux losses;
-    bench times each as its own class."""
+def test_layer_times_the_moe_in_parts_that_add_up_to_it():
+    """--layer: the dense SwiGLU, the MoE layer and its routing, dispatch and expert matmuls, each
+    a forward and backward; the shares in the JSON are of the MoE layer's median."""
+    out = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--layer=True',
+                          '--rounds=1', '--d_model=16', '--moe_hidden=16', '--block_size=32',
+                          '--batch_size=4', '--ffn_multiple_of=1'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    ms, shares = result['layer_ms'], result['layer_shares']
+    assert list(ms) == ['dense_active', 'moe', 'routing', 'dispatch', 'experts']
+    assert shares['routing'] == ms['routing'] / ms['moe']
+    assert shares['not_experts'] == 1 - ms['experts'] / ms['moe']
+    assert result['hardware'] == plumbing.cpu_name()
+
+
+def test_the_dispatch_part_passes_each_row_through_times_its_weights():
+    """NoExperts' dispatch returns each token's row times the sum of its routing weights: the row
+    itself at top-2, whose weights are renormalised to sum to 1."""
     torch.manual_seed(0)
-    moe = train.MoE(config(n_experts=3, top_k=2), resid_std=0.02)
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.normal_()
-    experts_only, routed = (train.MoE(config(n_experts=3, top_k=2), resid_std=0.02)
-                            for _ in range(2))
-    for stage, cls in ((experts_only, bench.ExpertsOnlyMoE), (routed, bench.RoutedMoE)):
-        stage.load_state_dict(moe.state_dict())
-        stage.__class__ = cls
-    x = torch.randn(5, 16)
-    # 10 rows over 3 experts: 3, 3, 4
-    rows, owner = x.repeat(2, 1), [0, 0, 0, 1, 1, 1, 2, 2, 2, 2]
-    expected = torch.stack([expert_output(moe, owner[r], rows[r])
-                            for r in range(10)]).view(2, 5, 16).sum(dim=0)
-    y, aux = experts_only(x)
-    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
-    assert aux['lb'].item() == aux['z'].item() == 0 and aux['routing'].shape == (5,)
-    y, aux = routed(x)
-    assert torch.equal(y, moe(x)[0]) and aux['lb'].item() == 0
-    y.sum().backward()
-    assert routed.router.weight.grad is not None
     c = config(n_experts=3, top_k=2)
-    for name, cls in (('moe', train.MoE), ('naive_moe', bench.NaiveMoE),
-                      ('experts_only', bench.ExpertsOnlyMoE), ('routed', bench.RoutedMoE)):
-        assert all(type(block.ffn) is cls for block in bench.make_model(name, c).blocks)
+    x = torch.randn(7, 16)
+    weights, experts = train.MoE(c, resid_std=0.02).route(x)[2:]
+    y, counts = bench.NoExperts(c, resid_std=0.02).dispatch(x, weights, experts)
+    torch.testing.assert_close(y, x)
+    assert counts.tolist() == experts.bincount(minlength=3).tolist()
 
 
 def test_bench_times_a_variant_against_dense_models_matched_to_it():
