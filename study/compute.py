@@ -25,6 +25,11 @@ BUDGETS = ('tokens', 'flops', 'time')
 BUDGET_LABELS = {'tokens': 'equal tokens', 'flops': 'equal FLOPs', 'time': 'equal time'}
 # resamples of the seeds behind break_even's 90% interval
 BOOTSTRAP = 2000
+# Student's t, 95th percentile, by degrees of freedom: a 90% two-sided t-interval
+T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
+        10: 1.812, 11: 1.796, 12: 1.782, 13: 1.771, 14: 1.761, 15: 1.753, 16: 1.746, 17: 1.740,
+        18: 1.734, 19: 1.729, 20: 1.725, 21: 1.721, 22: 1.717, 23: 1.714, 24: 1.711, 25: 1.708,
+        26: 1.706, 27: 1.703, 28: 1.701, 29: 1.699}
 
 
 def budget_of(name):
@@ -148,12 +153,23 @@ def crossing(ks, gaps):
     return math.inf
 
 
+def t_interval(values):
+    """The 90% t-interval of the mean of values; None if any is infinite or there are fewer than
+    two, or more than T_95 covers."""
+    if len(values) - 1 not in T_95 or not all(math.isfinite(v) for v in values):
+        return None
+    half = T_95[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
+    return [statistics.mean(values) - half, statistics.mean(values) + half]
+
+
 def break_even(entry, resamples=BOOTSTRAP):
     """k*: the token multiplier k (the MoE's tokens / its dense_total's, each run with its own
     schedule) at which the seed-mean gap to dense_total reaches 0; an MoE wins on time on a
     machine where dense_total's step takes more than k* times the MoE's. Over the seeds trained
-    at every k: k*, a 90% interval from resampling those seeds, and each seed's own crossing.
-    None with fewer than two k's."""
+    at every k: k*, each seed's own crossing, and two 90% intervals: one from resampling the seeds,
+    a t-interval over their crossings. 'interval', which the verdicts use, spans both: with 5
+    seeds the resampled one alone can be narrower than the seeds say. None with fewer than two
+    k's."""
     budgets = sorted(entry['budgets'].values(), key=lambda b: b['k'])
     per_k = [b['vs_dense_total']['per_seed'] for b in budgets]
     seeds = sorted(set.intersection(*(set(p) for p in per_k)), key=int)
@@ -170,9 +186,11 @@ def break_even(entry, resamples=BOOTSTRAP):
     per_k_gaps = [{'k': b['k'], **{key: b['vs_dense_total'][key]
                                    for key in ('mean', 'std', 'n', 'positive', 't', 'per_seed')}}
                   for b in budgets]
-    return {'k_star': mean_crossing(seeds), 'interval': interval, 'seeds': len(seeds),
-            'per_seed': {s: crossing(ks, [p[s] for p in per_k]) for s in seeds},
-            'per_k': per_k_gaps}
+    per_seed = {s: crossing(ks, [p[s] for p in per_k]) for s in seeds}
+    t = t_interval(list(per_seed.values()))
+    both = interval if t is None else [min(interval[0], t[0]), max(interval[1], t[1])]
+    return {'k_star': mean_crossing(seeds), 'interval': both, 'bootstrap_interval': interval,
+            't_interval': t, 'seeds': len(seeds), 'per_seed': per_seed, 'per_k': per_k_gaps}
 
 
 def break_even_name(config, names):
@@ -313,19 +331,24 @@ def break_even_lines(break_even):
              'cosine schedule. k*: where the seed-mean gap (MoE - dense_total) reaches 0, linear '
              'between the trained k\'s. Where the gap falls ever more slowly with k, the line '
              'between two trained k\'s lies above it and k* leans high, against the MoE; each '
-             'MoE\'s gaps below show whether it does. The 90% interval '
-             f'resamples the seeds trained at every k ({BOOTSTRAP} times). The MoE wins on time on '
-             'a machine where dense_total\'s step takes more than k* times the MoE\'s (r > k*).',
-             '', '| MoE | seeds | gap at each k | k* | 90% interval | each seed\'s k*: median '
-             '[min-max] |', '|---|---|---|---|---|---|']
+             'MoE\'s gaps below show whether it does. Two 90% intervals: one resamples the '
+             f'seeds trained at every k ({BOOTSTRAP} times), one is the t-interval of the mean of '
+             'their own k*\'s; the verdicts below use both, from the lower of their lows to the '
+             'higher of their highs. The MoE wins on time on a machine where dense_total\'s step '
+             'takes more than k* times the MoE\'s (r > k*).',
+             '', '| MoE | seeds | gap at each k | k* | 90%, resampled | 90%, t | each seed\'s k*: '
+             'median [min-max] |', '|---|---|---|---|---|---|---|']
     for name, b in break_even.items():
         if b is None:
             continue
         gaps = ', '.join(f'{g["k"]:.3f}: {g["mean"]:+.4f}' for g in b['per_k'])
         seeds = b['per_seed'].values()
-        low, high = b['interval']
+        low, high = b['bootstrap_interval']
+        t = b['t_interval']
+        t_text = f'{k_text(t[0])} - {k_text(t[1])}' if t else '-'
         lines.append(f'| {name} | {b["seeds"]} | {gaps} | {k_text(b["k_star"])} | '
-                     f'{k_text(low)} - {k_text(high)} | {k_text(statistics.median(seeds))} '
+                     f'{k_text(low)} - {k_text(high)} | {t_text} | '
+                     f'{k_text(statistics.median(seeds))} '
                      f'[{k_text(min(seeds))} - {k_text(max(seeds))}] |')
     return lines
 
@@ -336,8 +359,8 @@ def ratio_lines(ratios, break_even):
              'r: cpu_dense_total\'s step time over the MoE\'s, one thread each, median and '
              'quartiles over rounds: bench.py\'s rounds, the models interleaved step by step '
              '(alone, side by side, paper width), or pairs of whole runs started together (whole '
-             'runs). The MoE wins on time where r\'s quartiles lie above k*\'s 90% interval, '
-             'loses where they lie below it; undecided where they overlap.', '',
+             'runs). The MoE wins on time where r\'s quartiles lie above k*\'s 90% intervals, '
+             'loses where they lie below them; undecided where they overlap either.', '',
              '| MoE | setting | machine | torch | rounds or pairs | r: median [q1-q3] | k* [90%] | '
              'on time |',
              '|---|---|---|---|---|---|---|---|']

@@ -44,9 +44,10 @@ def test_who_wins_under_which_budget(tmp_path):
     step_ms = {'moe': 40.0, 'dense_total': 50.0, 'dense_active': 30.0}
     (bench_dir / 'cpu_moe.txt').write_text('a table\n' + json.dumps(
         {'ms_per_step': step_ms, 'hardware': 'a CPU', 'torch': '2.x'}) + '\n')
-    # r's quartiles 1.0-1.1 lie below the fixture's k* interval: the MoE loses on time
+    # r's quartiles 0.6-0.7 lie below the fixture's k* intervals (two seeds: the t-interval is
+    # 0.72-1.78): the MoE loses on time
     write_ratio(tmp_path / 'ratio', 'alone', 'cpu_moe',
-                {'median': 1.05, 'q1': 1.0, 'q3': 1.1, 'rounds': [1.0, 1.05, 1.1]})
+                {'median': 0.65, 'q1': 0.6, 'q3': 0.7, 'rounds': [0.6, 0.65, 0.7]})
     # an r with no k* here: in the table without a verdict
     write_ratio(tmp_path / 'ratio', 'paper_width', 'cpu_moe_d160',
                 {'median': 2.0, 'q1': 1.9, 'q3': 2.1, 'rounds': [1.9, 2.0, 2.1]})
@@ -130,7 +131,11 @@ def test_break_even_k_star_its_interval_and_each_seeds():
     assert b['seeds'] == 2 and b['k_star'] == pytest.approx(1.1875)
     assert b['per_seed'] == {'1': pytest.approx(1.25), '2': pytest.approx(1.125)}
     # resampling two seeds: both seed 2 (k* 1.125) a quarter of the time, both seed 1 a quarter
-    assert b['interval'] == [pytest.approx(1.125), pytest.approx(1.25)]
+    assert b['bootstrap_interval'] == [pytest.approx(1.125), pytest.approx(1.25)]
+    # the t-interval: 1.1875 +- 6.314 (t, 1 degree of freedom) x 0.0884 / sqrt(2) = 0.3946
+    assert b['t_interval'] == [pytest.approx(0.7929, abs=1e-4), pytest.approx(1.5821, abs=1e-4)]
+    assert b['interval'] == b['t_interval']  # the wider at both ends
+    assert compute.t_interval([1.1, math.inf]) is None  # a seed that never crosses: no t
     assert [g['k'] for g in b['per_k']] == [1.0, 1.25, 1.5]
     assert b['per_k'][0]['n'] == 3  # each k's own gap, over all of its seeds
     assert compute.break_even({'budgets': {'tokens': entry['budgets']['tokens']}}) is None
