@@ -69,6 +69,8 @@ bench: setup
 	$(BENCH) --compile=True > results/bench/cpu_moe_compiled.txt && cat results/bench/cpu_moe_compiled.txt
 	$(BENCH) --profile=True > results/bench/cpu_moe_eager_profile.txt && cat results/bench/cpu_moe_eager_profile.txt
 	OMP_NUM_THREADS=1 $(BENCH) > results/bench/cpu_moe_eager_1thread.txt && cat results/bench/cpu_moe_eager_1thread.txt
+	OMP_NUM_THREADS=1 $(BENCH) --profile=True > results/bench/cpu_moe_eager_profile_1thread.txt \
+		&& cat results/bench/cpu_moe_eager_profile_1thread.txt
 	OMP_NUM_THREADS=1 $(BENCH) --compile=True > results/bench/cpu_moe_compiled_1thread.txt \
 		&& cat results/bench/cpu_moe_compiled_1thread.txt
 	$(BENCH) --d_model=96 --n_head=3 --moe_hidden=192 > results/bench/cpu_moe_d96_eager.txt \
