@@ -58,8 +58,8 @@ $(CPU_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
 	$(TRAIN)
 
 # the cost of the MoE per training step at the CPU recipe's width (bench.py): eager; one FFN layer in parts
-# (one thread); compiled; eager with the profile of where the time goes; eager and compiled on one thread (as
-# the study trains, two runs side by side); then wider
+# (one thread); compiled; eager with the profile of where the time goes; eager, its profile and compiled on
+# one thread (as the study trains, two runs side by side); then wider
 BENCH = $(PYTHON) bench.py config/cpu_moe.py
 bench: setup
 	mkdir -p results/bench

@@ -191,16 +191,23 @@ def print_profile(models, batches, step, sync, on_gpu, top=15):
 
 # --layer: one FFN layer, forward and backward, on one step's tokens at the recipe's width
 class NoExperts(train.MoE):
-    """The MoE's dispatch with experts that pass their rows through: what grouping, the copies to
-    the experts and back and the weighted sum cost on their own."""
+    """The MoE's dispatch with experts that pass their rows through: what grouping, the copy of
+    each token's row to its experts' slots and the weighted sum back cost on their own."""
 
     def run_experts(self, xs, counts):
         return xs
 
 
-def layer_parts(configs, device):
+def forward_backward(forward, grad, autocast):
+    """forward() under autocast (as in training), then its backward from grad, cast to its dtype."""
+    with autocast:
+        out = forward()
+    out.backward(grad.to(out.dtype))
+
+
+def layer_parts(configs, device, autocast):
     """The parts --layer times, each a forward and backward of one layer on the same tokens:
-    dense_active's SwiGLU, the MoE layer, and the MoE in three parts that add up to it (the
+    dense_active's SwiGLU, the MoE layer, and the MoE in three parts that take most of it (the
     routing, the dispatch, the experts' matmuls alone, on rows already grouped by expert)."""
     c = configs['moe']
     torch.manual_seed(0)
@@ -227,27 +234,32 @@ def layer_parts(configs, device):
         return run
 
     def moe_layer():
-        y, aux = moe(x)
-        torch.autograd.backward([y, aux['lb'] + aux['z']], [grad_y, None])
+        with autocast:
+            y, aux = moe(x)
+        torch.autograd.backward([y, aux['lb'] + aux['z']], [grad_y.to(y.dtype), None])
 
     def routing():
-        probs, log_z, weights, _ = moe.route(x)
-        aux = moe.aux(probs, log_z, counts)
+        with autocast:
+            probs, log_z, weights, _ = moe.route(x)
+            aux = moe.aux(probs, log_z, counts)
         torch.autograd.backward([aux['lb'] + aux['z'], weights], [None, grad_weights])
 
-    parts = {'dense_active': lambda: dense(x)[0].backward(grad_y),
+    parts = {'dense_active': lambda: forward_backward(lambda: dense(x)[0], grad_y, autocast),
              'moe': moe_layer,
              'routing': routing,
-             'dispatch': lambda: no_experts.dispatch(x, weights, experts)[0].backward(grad_y),
-             'experts': lambda: moe.run_experts(xs, counts).backward(xs.detach())}
+             'dispatch': lambda: forward_backward(
+                 lambda: no_experts.dispatch(x, weights, experts)[0], grad_y, autocast),
+             # the rows themselves as the gradient from above: any tensor of their shape would do
+             'experts': lambda: forward_backward(
+                 lambda: moe.run_experts(xs, counts), xs.detach(), autocast)}
     return {name: fresh(part) for name, part in parts.items()}
 
 
-def time_layer(configs, device, sync, rounds):
+def time_layer(configs, device, sync, autocast, rounds):
     """--layer's timings: each part rounds x 20 times, interleaved; the medians, in ms."""
-    parts = layer_parts(configs, device)
+    parts = layer_parts(configs, device, autocast)
     times = {name: [] for name in parts}
-    for run in range(rounds * 20 + 3):  # the first 3 rounds warm up, untimed
+    for run in range(rounds * 20 + 3):  # the first 3 passes over the parts warm up, untimed
         for name, part in parts.items():
             sync()
             t0 = time.perf_counter()
@@ -256,6 +268,9 @@ def time_layer(configs, device, sync, rounds):
             if run >= 3:
                 times[name].append(time.perf_counter() - t0)
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    # what the layer does outside the three parts (reshapes, the calls between them), and the
+    # difference of medians timed apart
+    ms['remainder'] = ms['moe'] - ms['routing'] - ms['dispatch'] - ms['experts']
     c = configs['moe']
     print(f'one FFN layer, forward and backward, {c.batch_size * c.block_size} tokens of width '
           f'{c.d_model}, {plumbing.hardware_name(device)}: median ms of {rounds * 20}, and each '
@@ -298,7 +313,10 @@ def main(argv):
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type,
                                                                              lambda: None)
     if layer:
-        return time_layer(configs, device, sync, rounds)
+        if c.compile or profile or levers:  # compile: only if asked for (None: auto)
+            raise plumbing.UserError('--layer times one layer eagerly, on its own: leave out '
+                                     '--compile, --profile and --levers')
+        return time_layer(configs, device, sync, autocast, rounds)
 
     models = {}
     for name, cfg in configs.items():

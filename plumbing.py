@@ -159,7 +159,8 @@ def to_device(batch, device):
 class CopyRows(torch.autograd.Function):
     """copy_rows(x, rows, bags) = x[rows]: row t of x copied to the places listed in bags[t], one
     bag per row (rows[s] is the row at place s). train.py's MoE copies each token's row to its k
-    experts' slots with it.
+    experts' slots with it. bags is (len(x), copies) and must say what rows says: the forward reads
+    rows, the backward bags.
 
     Why not plain x[rows]: its backward scatter-adds each copy's gradient into place, one row at a
     time. Knowing each row's places, the backward sums each bag in one pass (embedding_bag)."""
@@ -177,8 +178,9 @@ class CopyRows(torch.autograd.Function):
 
 class WeightedSum(torch.autograd.Function):
     """weighted_sum(ys, weights, bags, rows) = y, where y[t] = sum_c weights[t, c] * ys[bags[t, c]]
-    and rows[s] is the t whose bag holds row s of ys (each row of ys is in one bag). train.py's MoE
-    sums each token's k expert outputs with it, weighted by the router.
+    and rows[s] is the t whose bag holds row s of ys (each row of ys is in exactly one bag: bags and
+    rows say the same, the forward reads one, the backward both). ys and weights share a dtype.
+    train.py's MoE sums each token's k expert outputs with it, weighted by the router.
 
     The forward is one embedding_bag: one pass over ys. Its own backward scatter-adds into ys row by
     row; knowing rows, each row's gradient is a gather of grad instead."""

@@ -273,11 +273,11 @@ class MoE(nn.Module):
         """Dropless dispatch: each expert runs once, on the rows routed to it, grouped together.
         weights, experts: per assignment, choice-major (assignment a is token a % N's (a // N)-th
         choice). -> (y: each token's k expert outputs, weighted and summed; counts: rows per
-        expert). tests/conftest.py's reference_moe computes the same as a plain loop."""
+        expert). tests/test_model.py's reference_dispatch computes the same as a plain loop."""
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
         tokens = order % N  # slot s gets token tokens[s]'s row, for expert experts[order[s]]
-        slots = slot.view(k, N).t().contiguous()  # token t's k slots, a row per token: (N, k)
+        slots = slot.view(k, N).t().contiguous()  # token t's k slots: (N, k), copied once, read 3x
         weights = weights.view(k, N).t()  # and their routing weights, the same way
         # copy_rows(x, tokens, slots) is x[tokens]; weighted_sum(ys, weights, slots, tokens)[t] is
         # sum_c weights[t, c] * ys[slots[t, c]]: each with a faster backward (plumbing.py)

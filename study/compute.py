@@ -167,9 +167,10 @@ def break_even(entry, resamples=BOOTSTRAP):
     schedule) at which the seed-mean gap to dense_total reaches 0; an MoE wins on time on a
     machine where dense_total's step takes more than k* times the MoE's. Over the seeds trained
     at every k: k*, each seed's own crossing, and two 90% intervals: one from resampling the seeds,
-    a t-interval over their crossings. 'interval', which the verdicts use, spans both: with 5
-    seeds the resampled one alone can be narrower than the seeds say. None with fewer than two
-    k's."""
+    the t-interval of the mean of their crossings (which is near k*, not k* itself). 'interval',
+    which the verdicts use, spans both, a cautious range rather than a 90% interval of its own:
+    with 5 seeds the resampled one alone can be narrower than the seeds' spread says. Without a
+    t-interval (a seed that never crosses) it is the resampled one. None with fewer than two k's."""
     budgets = sorted(entry['budgets'].values(), key=lambda b: b['k'])
     per_k = [b['vs_dense_total']['per_seed'] for b in budgets]
     seeds = sorted(set.intersection(*(set(p) for p in per_k)), key=int)
@@ -201,16 +202,16 @@ def break_even_name(config, names):
 
 
 def interval_within_trained(entry):
-    """k*'s 90% interval for the plot, its ends cut to the trained k's: an end beyond them (+-inf)
-    says only on which side k* lies."""
+    """k*'s interval (spanning both 90% ones) for the plot, its ends cut to the trained k's: an
+    end beyond them (+-inf) says only on which side k* lies."""
     ks = [g['k'] for g in entry['per_k']]
     return [min(max(k, ks[0]), ks[-1]) for k in entry['interval']]
 
 
 def verdict(ratio, break_even_entry):
     """Where an MoE wins on time on the machine that measured a step-time ratio r: 'wins' if r's
-    first quartile lies above k*'s 90% interval, 'loses' if its third quartile lies below it, else
-    'undecided'; None without a k*."""
+    first quartile lies above k*'s interval (break_even's, spanning both 90% ones), 'loses' if its
+    third quartile lies below it, else 'undecided'; None without a k*."""
     if break_even_entry is None:
         return None
     low, high = break_even_entry['interval']
@@ -333,9 +334,11 @@ def break_even_lines(break_even):
              'between two trained k\'s lies above it and k* leans high, against the MoE; each '
              'MoE\'s gaps below show whether it does. Two 90% intervals: one resamples the '
              f'seeds trained at every k ({BOOTSTRAP} times), one is the t-interval of the mean of '
-             'their own k*\'s; the verdicts below use both, from the lower of their lows to the '
-             'higher of their highs. The MoE wins on time on a machine where dense_total\'s step '
-             'takes more than k* times the MoE\'s (r > k*).',
+             'their own k*\'s (centred on their mean, near k*); the verdicts below use the range '
+             'from the lower of their lows to the higher of their highs, a cautious range rather '
+             'than a 90% interval of its own (the resampled one alone where a seed never crosses). '
+             'The MoE wins on time on a machine where dense_total\'s step takes more than k* times '
+             'the MoE\'s (r > k*).',
              '', '| MoE | seeds | gap at each k | k* | 90%, resampled | 90%, t | each seed\'s k*: '
              'median [min-max] |', '|---|---|---|---|---|---|---|']
     for name, b in break_even.items():
@@ -418,9 +421,9 @@ def ratios_with_k_star(ratios, names):
 
 def plot_break_even(plt, break_even, ratios, out_dir):
     """Each MoE's gap to its dense_total against k: the seed mean as a line with its standard
-    error as a band, each seed as a dot, k*'s 90% interval as a bar on the zero line, and each
-    step-time ratio r measured for an MoE with a k* as a vertical line in its MoE's colour, a line
-    style per setting (its quartiles shaded)."""
+    error as a band, each seed as a dot, k*'s interval (spanning both 90% ones) as a bar on the
+    zero line, and each step-time ratio r measured for an MoE with a k* as a vertical line in its
+    MoE's colour, a line style per setting (its quartiles shaded)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {}
     measured = {name: b for name, b in break_even.items() if b}

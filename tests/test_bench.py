@@ -231,10 +231,15 @@ def test_layer_times_the_moe_in_parts_that_add_up_to_it():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     ms, shares = result['layer_ms'], result['layer_shares']
-    assert list(ms) == ['dense_active', 'moe', 'routing', 'dispatch', 'experts']
+    assert list(ms) == ['dense_active', 'moe', 'routing', 'dispatch', 'experts', 'remainder']
+    assert ms['remainder'] == ms['moe'] - ms['routing'] - ms['dispatch'] - ms['experts']
     assert shares['routing'] == ms['routing'] / ms['moe']
     assert shares['not_experts'] == 1 - ms['experts'] / ms['moe']
     assert result['hardware'] == plumbing.cpu_name()
+    refused = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--layer=True',
+                              '--compile=True'], cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and 'leave out' in refused.stderr.splitlines()[-1]
 
 
 def test_the_dispatch_part_passes_each_row_through_times_its_weights():
