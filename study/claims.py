@@ -33,7 +33,8 @@ ACTIVATION = {1: 'w224_cpu_moe_fine8_top1', 2: 'w224_cpu_moe_fine8_top2',
 # FLOPs, with the recipe's tokens (100) between them, gives each dense model at any FLOPs
 DENSE_BUDGETS = (25, 50, 200)
 SHARED = 'w224_cpu_moe_shared'
-# the pre-registered test (results/cpu/shared_preregistration.md): seeds 21-50, two-sided 5%
+# the pre-registered test (results/cpu/shared_preregistration.md): seeds 21-50, two-sided 5%;
+# SHARED_T is t's 97.5% point at 29 degrees of freedom, so it also gives the gap's 95% interval
 SHARED_SEEDS = range(21, 51)
 SHARED_T = 2.045
 # a layer has collapsed when its busiest expert takes at least this share of the most it can
@@ -241,9 +242,13 @@ def shared(runs):
     complete = gap is not None and gap['n'] == len(SHARED_SEEDS)
     test = verdict(t, 'reversed: dense_total beats the shared expert',
                    'confirmed: the shared expert beats dense_total', SHARED_T)
-    if not complete:
+    interval = None
+    if complete:
+        half = SHARED_T * gap['se']
+        interval = [gap['mean'] - half, gap['mean'] + half]
+    else:
         test = 'not yet: the pre-registered test needs all 30 seed pairs'
-    return {'preregistered': gap, 't': t, 'verdict': test,
+    return {'preregistered': gap, 't': t, 'interval_95': interval, 'verdict': test,
             'pooled_afterwards': report.paired(runs[SHARED], runs[DENSE_TOTAL])}
 
 
@@ -298,10 +303,15 @@ def activation_lines(act):
 def shared_lines(result):
     if result is None:
         return []
+    interval = ''
+    if result['interval_95']:
+        low, high = result['interval_95']
+        interval = f'; the mean gap\'s 95% interval {low:+.4f} to {high:+.4f}'
     return ['', '## The shared expert against dense_total, pre-registered', '',
             'The test fixed in results/cpu/shared_preregistration.md before its runs: seeds 21-50, '
             f'paired t of cpu_moe_shared - cpu_dense_total, |t| > {SHARED_T}.', '',
-            f'- seeds 21-50: {gap_text(result["preregistered"])}: **{result["verdict"]}**',
+            f'- seeds 21-50: {gap_text(result["preregistered"])}{interval}: '
+            f'**{result["verdict"]}**',
             f'- every seed, pooled (looked at afterwards): '
             f'{gap_text(result["pooled_afterwards"])}']
 
@@ -344,7 +354,10 @@ def plot_collapse(plt, runs, out_dir):
 
 
 def plot_activation(plt, act, runs, out_dir):
-    """Best val loss against the active fraction, each seed a dot; both dense models as lines."""
+    """Best val loss against the active fraction, each seed a dot; both dense models as lines,
+    each the mean over the seeds the top-k runs pair with (dense_total has more, for the
+    shared expert's test)."""
+    seeds = {seed for name in ACTIVATION.values() for seed in runs.get(name, {})}
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for k, row in sorted(act['rows'].items()):
         xs = [row['active_fraction']] * len(row['best_val'])
@@ -355,7 +368,7 @@ def plot_activation(plt, act, runs, out_dir):
                     textcoords='offset points', xytext=(0, 6), ha='center', fontsize=8)
     for i, dense in enumerate((DENSE_TOTAL, DENSE_ACTIVE)):
         if dense in runs:
-            values = [best_val(r) for r in runs[dense].values()]
+            values = [best_val(r) for seed, r in runs[dense].items() if seed in seeds]
             ax.axhline(sum(values) / len(values), color=f'C{i + 1}', ls='--',
                        label=f'{dense.removeprefix("w224_")} (mean)')
     ax.set_xlabel('active fraction of the params (8 experts x 44)')

@@ -81,6 +81,7 @@ def test_the_shared_expert_verdict_waits_for_all_30_seeds_then_applies_the_thres
         write_run(tmp_path, 'w224_cpu_moe_shared', seed, 1.18 + NOISE[(seed * 3) % 10])
     runs = claims.report.load_runs(sorted(str(p) for p in tmp_path.iterdir()), print)
     assert claims.shared(runs)['verdict'].startswith('not yet')
+    assert claims.shared(runs)['interval_95'] is None
     for seed in range(31, 51):
         write_run(tmp_path, 'w224_cpu_moe_shared', seed, 1.18 + NOISE[(seed * 3) % 10])
     runs = claims.report.load_runs(sorted(str(p) for p in tmp_path.iterdir()), print)
@@ -88,6 +89,11 @@ def test_the_shared_expert_verdict_waits_for_all_30_seeds_then_applies_the_thres
     assert result['preregistered']['n'] == 30 and result['pooled_afterwards']['n'] == 50
     assert result['t'] < -claims.SHARED_T
     assert result['verdict'] == 'confirmed: the shared expert beats dense_total'
+    # the 95% interval from the 30 gaps written out: mean -/+ 2.045 standard errors
+    gaps = [-0.01 + NOISE[(seed * 3) % 10] - NOISE[seed % 10] for seed in range(21, 51)]
+    mean = sum(gaps) / 30
+    se = (sum((g - mean) ** 2 for g in gaps) / 29 / 30) ** 0.5
+    assert result['interval_95'] == pytest.approx([mean - 2.045 * se, mean + 2.045 * se])
 
 
 def test_a_pair_trained_on_two_kinds_of_cpu_is_named(tmp_path):
