@@ -306,7 +306,7 @@ def shared_lines(result):
     interval = ''
     if result['interval_95']:
         low, high = result['interval_95']
-        interval = f'; the mean gap\'s 95% interval {low:+.4f} to {high:+.4f}'
+        interval = f"; the mean gap's 95% interval {low:+.4f} to {high:+.4f}"
     return ['', '## The shared expert against dense_total, pre-registered', '',
             'The test fixed in results/cpu/shared_preregistration.md before its runs: seeds 21-50, '
             f'paired t of cpu_moe_shared - cpu_dense_total, |t| > {SHARED_T}.', '',
@@ -353,6 +353,14 @@ def plot_collapse(plt, runs, out_dir):
     return report.save(fig, out_dir, 'collapse.png')
 
 
+def mean_over_seeds(runs, name, seeds):
+    """name's mean best val loss over those of `seeds` it has; None if it has none of them."""
+    values = [best_val(run) for seed, run in runs.get(name, {}).items() if seed in seeds]
+    if not values:
+        return None
+    return sum(values) / len(values)
+
+
 def plot_activation(plt, act, runs, out_dir):
     """Best val loss against the active fraction, each seed a dot; both dense models as lines,
     each the mean over the seeds the top-k runs pair with (dense_total has more, for the
@@ -367,9 +375,9 @@ def plot_activation(plt, act, runs, out_dir):
         ax.annotate(f'top-{k}', (row['active_fraction'], max(row['best_val'])),
                     textcoords='offset points', xytext=(0, 6), ha='center', fontsize=8)
     for i, dense in enumerate((DENSE_TOTAL, DENSE_ACTIVE)):
-        if dense in runs:
-            values = [best_val(r) for seed, r in runs[dense].items() if seed in seeds]
-            ax.axhline(sum(values) / len(values), color=f'C{i + 1}', ls='--',
+        mean = mean_over_seeds(runs, dense, seeds)
+        if mean is not None:
+            ax.axhline(mean, color=f'C{i + 1}', ls='--',
                        label=f'{dense.removeprefix("w224_")} (mean)')
     ax.set_xlabel('active fraction of the params (8 experts x 44)')
     ax.set_ylabel('best val loss')

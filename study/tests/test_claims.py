@@ -89,11 +89,20 @@ def test_the_shared_expert_verdict_waits_for_all_30_seeds_then_applies_the_thres
     assert result['preregistered']['n'] == 30 and result['pooled_afterwards']['n'] == 50
     assert result['t'] < -claims.SHARED_T
     assert result['verdict'] == 'confirmed: the shared expert beats dense_total'
-    # the 95% interval from the 30 gaps written out: mean -/+ 2.045 standard errors
-    gaps = [-0.01 + NOISE[(seed * 3) % 10] - NOISE[seed % 10] for seed in range(21, 51)]
-    mean = sum(gaps) / 30
-    se = (sum((g - mean) ** 2 for g in gaps) / 29 / 30) ** 0.5
-    assert result['interval_95'] == pytest.approx([mean - 2.045 * se, mean + 2.045 * se])
+    # the gaps' mean is -0.01, their standard error 0.00061026: -0.01 -/+ 2.045 standard errors
+    assert result['interval_95'] == pytest.approx([-0.011248, -0.008752], abs=1e-6)
+
+
+def test_the_activation_plot_s_dense_lines_average_the_paired_seeds_only(tmp_path):
+    for seed, noise in enumerate(NOISE, start=1):
+        write_run(tmp_path, 'w224_cpu_dense_total', seed, 1.19 + noise)
+        write_run(tmp_path, 'w224_cpu_dense_total', seed + 20, 1.30)  # the shared test's seeds
+    runs = claims.report.load_runs(sorted(str(p) for p in tmp_path.iterdir()), print)
+    # NOISE sums to 0.001: seeds 1-10 average 1.19 + 0.0001
+    assert claims.mean_over_seeds(runs, 'w224_cpu_dense_total', range(1, 11)) == \
+        pytest.approx(1.1901)
+    assert claims.mean_over_seeds(runs, 'w224_cpu_dense_total', range(41, 51)) is None
+    assert claims.mean_over_seeds(runs, 'w224_cpu_dense_active', range(1, 11)) is None
 
 
 def test_a_pair_trained_on_two_kinds_of_cpu_is_named(tmp_path):
