@@ -387,7 +387,7 @@ def test_analytic_param_counts_equal_counted_ones(ffn, tie, shared):
 
 
 def test_count_params_of_a_matched_dense_config_counts_its_moe_too():
-    """A dense config carries the sizes of the MoE it is matched to: ffn='moe' counts that MoE."""
+    """A dense config holds the sizes of the MoE it is matched to: ffn='moe' counts that MoE."""
     dense = train.configure(['config/cpu_dense_total.py'])
     moe = train.configure(['config/cpu_moe.py'])
     assert train.count_params(dense, ffn='moe') == train.count_params(moe)
@@ -439,7 +439,7 @@ def test_print_params_ends_with_one_json_line():
     assert summary['moe_hidden'] == 88 and 'ffn_hidden' not in summary
 
 
-# the README's table: (total, active, FFN hidden) of every shipped config, from --print_params
+# docs/reference.md's table: (total, active, FFN hidden) of every shipped config, --print_params
 SHIPPED = {'moe': (20_988_480, 14_721_600, 1632), 'dense_active': (14_719_040, 14_719_040, 3264),
            'dense_total': (20_985_920, 20_985_920, 6528), 'cpu_moe': (229_240, 136_312, 88),
            'cpu_dense_active': (135_608, 135_608, 176),
