@@ -449,7 +449,7 @@ class Meter:
 # ----------------------------------------------------------------------------- the console and DDP
 def moe_layout(c):
     """The MoE a config describes, in words: its own FFN, or the one a matched dense model is sized
-    to (a dense config carries that MoE's n_experts, moe_hidden, top_k and shared_hidden)."""
+    to (a dense config holds that MoE's n_experts, moe_hidden, top_k and shared_hidden)."""
     layout = f'{c.n_experts} experts x {c.moe_hidden}, top-{c.top_k}'
     if c.shared_hidden:
         layout += f', shared expert {c.shared_hidden}'

@@ -63,7 +63,7 @@ def test_prepare_train_sample_end_to_end(prepared, name, cfg, overrides):
                     and 0 <= r['router_entropy'] <= math.log(4) + 1e-6)
     saved = json.load(open(out_dir / 'config.json'))
     assert saved['config_name'] == name and saved['params']['total'] > 0
-    # every line carries the training FLOPs so far: tokens x the config's FLOPs per token
+    # every line holds the training FLOPs so far: tokens x the config's FLOPs per token
     assert saved['flops_per_token'] == train.flops_per_token(train.configure([*args, *TINY]))
     assert all(r['flops'] == r['tokens'] * saved['flops_per_token'] for r in log)
     assert (out_dir / 'best.pt').exists() and (out_dir / 'latest.pt').exists()

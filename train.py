@@ -389,7 +389,7 @@ def training_loss(ce, aux, c):
 # ----------------------------------------------------------------------------- parameter accounting
 def count_params(c, ffn=None):
     """Exact counts from the config alone, for its own FFN or for ffn = 'moe' | 'dense'. A dense
-    config matched to an MoE carries that MoE's sizes (n_experts, top_k, moe_hidden, ...): ffn='moe'
+    config matched to an MoE holds that MoE's sizes (n_experts, top_k, moe_hidden, ...): ffn='moe'
     counts the MoE it is matched to. active = total minus the experts a token does not use."""
     d, L, V = c.d_model, c.n_layer, c.vocab_size
     n = {'embedding': V * d, 'lm_head': 0 if c.tie_embeddings else V * d,
