@@ -303,7 +303,7 @@ def load_resume_checkpoint(path, c, defaults):
     except Exception as e:  # not a file torch can read, or not one of ours
         raise UserError(f'{path} cannot be loaded ({type(e).__name__}); remove it to start over')
     may_differ = {'resume', 'device', 'dtype', 'compile', 'out_dir', 'data_dir', 'wandb_log',
-                  'wandb_project', 'wandb_run_name'}
+                  'wandb_project', 'wandb_run_name', 'keep_checkpoints'}
     # a key newer than the checkpoint counts as its default, which is how the older code behaved
     changed = sorted(k for k in defaults
                      if k not in may_differ and saved.get(k, defaults[k]) != getattr(c, k))

@@ -79,6 +79,7 @@ eval_interval = 250
 eval_tokens = 2**20       # size of the fixed validation set (capped at the whole split)
 log_interval = 50
 ckpt_interval = 250       # steps between saves of latest.pt (a multiple of log_interval)
+keep_checkpoints = False  # also keep each save as ckpt_<step>.pt: the routing along training
 resume = False            # continue the run in out_dir from its latest.pt, as if never stopped
 wandb_log = False         # also log to Weights & Biases (pip install wandb); as nanoGPT names it
 wandb_project = 'tinymoe'
@@ -636,6 +637,8 @@ def main(argv):
                 if done % c.ckpt_interval == 0 or done == iters:
                     save_checkpoint('latest.pt', done, best_val)
                     last_saved = done
+                    if c.keep_checkpoints:  # route.py --settle reads them
+                        save_checkpoint(f'ckpt_{done}.pt', done, best_val)
     best_val = evaluate_and_keep_best(iters, best_val)  # the trained model's
 
     if ddp:  # DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)

@@ -319,3 +319,17 @@ CLAIMS_REPORT = $(PYTHON) -m study.claims results/cpu/warmup/runs results/cpu/cl
 claims: setup $(CLAIM_RUNS) $(SHARED_RUNS)
 	$(call keep,$(CLAIM_RUNS) $(SHARED_RUNS),results/cpu/claims/runs)
 	$(CLAIMS_REPORT)
+
+# make route_runs: what the routers do and when their routing settles (route.py), under the CPU recipe on fresh
+# seeds: cpu_moe, cpu_moe_shared, top-1 with balancing and 8 x 44 top-2, each keeping a checkpoint every 50 steps
+# (out/route_<config>-s<seed>/ckpt_<step>.pt). Seed by seed, so that a stopped batch leaves whole seeds. The
+# shared expert's question was fixed before these runs in results/cpu/route/prereg.md
+ROUTE_SEEDS ?= $(shell seq 51 60)
+ROUTE_CONFIGS := cpu_moe cpu_moe_shared cpu_moe_top1 cpu_moe_fine8_top2
+ROUTE_RUNS := $(foreach s,$(ROUTE_SEEDS),$(foreach c,$(ROUTE_CONFIGS),out/route_$(c)-s$(s)/done.json))
+route_runs: $(ROUTE_RUNS)
+# out/route_cpu_moe-s51/done.json -> config/cpu_moe.py, seed 51, named route_cpu_moe
+$(ROUTE_RUNS): out/route_%/done.json: | data/tinystories_bytes/meta.json
+	$(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
+		--config_name=route_$(word 1,$(subst -s, ,$*)) --keep_checkpoints=True --ckpt_interval=50 \
+		$(if $(wildcard out/route_$*/log.jsonl),--resume=True)
