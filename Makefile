@@ -7,7 +7,14 @@
 #   make gpu_check       does tinymoe work on this CUDA GPU, how fast: out/gpu_check/report.md
 #   make study, study2   the CPU study in results/cpu/ (study/study.mk, study/README.md)
 #   make compute         who wins at equal tokens, FLOPs and time (results/cpu/compute, study/study.mk)
+# the Python: an active virtual or conda environment's (with, say, its own CUDA torch), else the
+# project's own .venv, made on first use (a system Python may refuse pip installs: PEP 668)
+VENV_PYTHON := .venv/bin/python
+ifeq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
+PYTHON ?= $(VENV_PYTHON)
+else
 PYTHON ?= python
+endif
 SEEDS ?= 1 2 3
 # the data of make cpu and make gpu_check: TINYSTORIES=FILE, a local TinyStories text in the
 # release format, else the first HF_STORIES stories from the Hugging Face hub
@@ -25,12 +32,16 @@ TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed
 
 .PHONY: setup test cpu paper bench gpu_check study study2 noise compute ratio warmup break_even claims \
 	claims_runs shared_runs FORCE
-setup:
+setup: $(filter $(VENV_PYTHON),$(PYTHON))
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
-	@# transformers and wandb: for their tests only (export, W&B logging); neither is needed to train
-	$(PYTHON) -m pip install -q -r requirements.txt pytest transformers wandb
-	$(PYTHON) -m pip install -q ruff==0.17.6  # the linter test runs, pinned: a new release adds rules
+	@# what the tests need beside it, pinned (transformers and wandb: the export and W&B tests only)
+	$(PYTHON) -m pip install -q -r requirements.txt -r requirements-test.txt
+# the project's .venv; a half-made one is removed, so that the next make tries again
+$(VENV_PYTHON):
+	python3 -m venv .venv || { rm -rf .venv; echo "make: python3 -m venv failed: install your \
+	system's venv package (Debian, Ubuntu: apt install python3-venv), or activate an environment"; \
+	exit 1; }
 
 # the linter (settings in pyproject.toml: pyflakes, pycodestyle at 100 columns, import order), then the tests
 test: setup
