@@ -41,6 +41,40 @@ def one_line_errors(script):
         sys.exit(1)
 
 
+@contextlib.contextmanager
+def ctrl_c_in_one_line(c):
+    """Around a training run: Ctrl-C ends it in one line, where it stopped and how to go on,
+    with exit status 130, as for any program Ctrl-C stops."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f'\ntrain.py: stopped by Ctrl-C{after_the_last_line(c.out_dir)}; '
+              f'{what_can_resume(c)}', file=sys.stderr)
+        sys.exit(130)
+
+
+def after_the_last_line(out_dir):
+    """' after iter N', the last step a run's log.jsonl reached, or '' before its first line."""
+    iters = []
+    if os.path.exists(os.path.join(out_dir, 'log.jsonl')):
+        for line in open(os.path.join(out_dir, 'log.jsonl')):
+            try:
+                iters.append(json.loads(line)['iter'])
+            except ValueError:  # a line torn by the stop
+                pass
+    return f' after iter {iters[-1]}' if iters else ''
+
+
+def what_can_resume(c):
+    """A stopped run's way on: its latest.pt and the flag, or that nothing was saved yet."""
+    latest_path = os.path.join(c.out_dir, 'latest.pt')
+    if not os.path.exists(latest_path):
+        return (f'nothing saved yet (the first checkpoint comes at iter {c.ckpt_interval}): '
+                'the same command starts over')
+    saved_at = load_checkpoint(latest_path)['iter']
+    return f'{latest_path} holds iter {saved_at}: add --resume=True to go on from there'
+
+
 # ----------------------------------------------------------------------------- device
 def pick_device(c):
     """device = 'auto': a CUDA GPU, else Apple's MPS, else the CPU."""
@@ -316,11 +350,17 @@ def load_resume_checkpoint(path, c, defaults):
 
 def checkpoint_to_resume(c, defaults):
     """The latest.pt to resume from (checked against the config), or None for a new run. A run
-    folder that already holds a log is never overwritten: it needs --resume=True."""
+    folder that holds a checkpoint or a finished run is never overwritten: it needs --resume=True.
+    A log alone is a run stopped before its first checkpoint: nothing to keep, it starts over."""
     latest_path = os.path.join(c.out_dir, 'latest.pt')
-    if os.path.exists(os.path.join(c.out_dir, 'log.jsonl')) and not c.resume:
-        raise UserError(f'{c.out_dir} already holds a run (log.jsonl): continue it with '
-                        '--resume=True, or choose another --out_dir (or remove that folder)')
+    log_path = os.path.join(c.out_dir, 'log.jsonl')
+    done_path = os.path.join(c.out_dir, 'done.json')
+    is_a_run = os.path.exists(latest_path) or os.path.exists(done_path)
+    if is_a_run and not c.resume:
+        raise UserError(f'{c.out_dir} already holds a run (latest.pt or done.json): continue it '
+                        'with --resume=True, or choose another --out_dir (or remove that folder)')
+    if os.path.exists(log_path) and not is_a_run:
+        print(f'{c.out_dir} holds a run stopped before its first checkpoint: starting it over')
     if c.resume and os.path.isfile(latest_path):
         return load_resume_checkpoint(latest_path, c, defaults)
     return None
@@ -390,6 +430,22 @@ def stop_if_not_finite(first_bad, iters, last_saved, out_dir, world):
     raise UserError(f'the loss is not finite (nan or inf) at iter {first_bad.item() + 1}; '
                     f'stopped before saving anything from it. Last good checkpoint: {have}. '
                     'Try a lower learning_rate')
+
+
+def warn_if_beyond_a_cpu(model, c, batch, iters):
+    """A config made for a GPU, started on a CPU, says so before its first evaluation: how long
+    its steps would take at the speed of a forward of two windows here, times 3 for the backward
+    (a step's FLOPs). No gradient, nothing saved: the run goes on as it would have."""
+    x, y = batch
+    start = time.time()
+    with torch.no_grad():  # no autograd: under DDP, no gradient hook fires on one process alone
+        model(x[:2], y[:2])
+    tok_per_s = x[:2].numel() / (3 * (time.time() - start))
+    hours = iters * c.batch_size * c.grad_accum * c.block_size / tok_per_s / 3600
+    if hours > 1:
+        print(f'  a config made for a GPU: at {tok_per_s:,.0f} tok/s, as its first windows train '
+              f'on this CPU, its {iters:,} steps would take about {hours:,.0f} hours. On a CPU, '
+              'train the CPU recipe instead: make cpu, or config/cpu_moe.py')
 
 
 class Meter:

@@ -249,12 +249,15 @@ def check_prepared(out_dir, vocab_size, block_size):
     vocab_size and block_size. Raises UserError naming the first problem and the fix."""
     path = {name: os.path.join(out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
     prep = f"python prepare.py --out_dir {out_dir}"
+    tokenizer = ""  # GPT-2 BPE: prepare.py's default, the paper's data
     if vocab_size == 257:  # the bytes tokenizer: the CPU recipe's data
-        prep += " --hf_stories 5510 --tokenizer bytes"
+        prep += " --hf_stories 5510"
+        tokenizer = " --tokenizer bytes"
+    prep += tokenizer
     missing = [p for p in path.values() if not os.path.isfile(p)]
     if missing:
         raise UserError(f"{missing[0]} not found; prepare the data first: {prep} "
-                        "(or --input FILE --tokenizer bytes for a local TinyStories text file)")
+                        f"(or --input FILE{tokenizer} for a local TinyStories text file)")
     try:
         meta = json.load(open(path["meta.json"]))
         counts = {split: meta[f"{split}_tokens"] for split in ("train", "val")}

@@ -546,6 +546,12 @@ def main(argv):
         plumbing.print_param_table(c, count_params(c), count_params(c, ffn='moe'),
                                    flops_per_token(c))
         return
+    with plumbing.ctrl_c_in_one_line(c):  # where the run stopped, how to go on from there
+        train_run(c)
+
+
+def train_run(c):
+    """One run of config c: the data, the model, the loop; its files go to c.out_dir."""
     meta, val_windows = load_data(c)
     ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
     device, use_compile, autocast, scaler = plumbing.setup_device(c)
@@ -561,6 +567,8 @@ def main(argv):
     if master:  # out_dir, log.jsonl, config.json and the run's first console line
         log = plumbing.start_run(c, count_params(c), iters, tokens_per_iter, flops_per_token(c),
                                  device, use_compile, world, resumed_at=last_saved)
+        if device.type == 'cpu':  # a config made for a GPU says so before its first evaluation
+            plumbing.warn_if_beyond_a_cpu(model, c, get_batch(c, start, device), iters)
     meter = plumbing.Meter(device, start, iters, tokens_per_iter, flops_per_token(c), world)
 
     def save_checkpoint(name, it, best_val):
