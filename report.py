@@ -385,6 +385,20 @@ def routing_lines(diagnostics):
     return lines
 
 
+def short_run_lines(roles, runs):
+    """A note under a family whose runs stop before their configs' token budget (max_iters): the
+    MoE may still be on its early plateau, so their gaps say nothing of the recipe's."""
+    short = sorted({r['config']['iters'] for name in roles.values() for r in runs[name].values()
+                    if r['config']['iters'] * r['config']['tokens_per_iter']
+                    < r['config']['max_tokens']})
+    if not short:
+        return []
+    steps = ', '.join(f'{n:,}' for n in short)
+    return ['', f'Short runs: these stop after {steps} steps, before their configs\' token budget. '
+            'Their gaps are not the recipe\'s: at CPU scale the MoE leaves its early plateau after '
+            '100-250 steps, and a short run\'s gap can even take the other sign.']
+
+
 def report_lines(summary, runs):
     """report.md up to its plots: the table, each family's gaps, routing."""
     n_runs = sum(len(s) for s in runs.values())
@@ -398,6 +412,7 @@ def report_lines(summary, runs):
     lines += config_lines(summary)
     for family, fam in summary['families'].items():
         lines += family_lines(family, fam)
+        lines += short_run_lines(fam['configs'], runs)
     if summary['diagnostics']:
         lines += routing_lines(summary['diagnostics'])
     return lines

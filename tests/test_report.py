@@ -42,6 +42,7 @@ def write_run(folder, name, seed, total, active, moe, best_val=None):
     """A run of 2,500 training tokens at 6 x active FLOPs a token."""
     folder.mkdir(parents=True)
     config = {'config_name': name, 'seed': seed, 'iters': 20, 'tokens_per_iter': 100,
+              'max_tokens': 2000,
               'd_model': 16, 'data_dir': str(folder.parent.parent / 'data'),
               'params': {'total': total, 'active': active}, 'flops_per_token': 6 * active}
     (folder / 'config.json').write_text(json.dumps(config))
@@ -127,6 +128,18 @@ def test_table_gaps_and_curves_are_exact(runs):
     assert (runs / 'rep' / 'cpu_val_loss_flops.png').exists()
     for png in ('cpu_val_loss.png', 'cpu_gaps.png', 'expert_load.png'):
         assert (runs / 'rep' / png).stat().st_size > 1000 and f']({png})' in text
+
+
+def test_a_family_of_short_runs_says_its_gaps_are_not_the_recipes(runs):
+    note = 'Short runs: these stop after 20 steps, before their configs\' token budget.'
+    make_report(runs)
+    assert note not in (runs / 'rep' / 'report.md').read_text()
+    folder = next((runs / 'out').glob('run1*'))  # a cpu_dense_active run cut short by max_iters
+    config = read_config(folder)
+    (folder / 'config.json').write_text(json.dumps({**config, 'max_tokens': 10**6}))
+    make_report(runs)
+    text = (runs / 'rep' / 'report.md').read_text()
+    assert text.count(note) == 1 and text.index('## Gaps: cpu') < text.index(note)
 
 
 def test_a_run_whose_data_order_is_not_its_seeds_is_left_out_with_a_word(runs):
@@ -238,7 +251,7 @@ def test_plateau_exit_is_the_first_logged_step_below_the_threshold(tmp_path):
     def write(folder, seed, ces):
         folder.mkdir(parents=True)
         config = {'config_name': 'cpu_moe', 'seed': seed, 'iters': 100, 'tokens_per_iter': 10,
-                  'params': {'total': 5, 'active': 3}}
+                  'max_tokens': 1000, 'params': {'total': 5, 'active': 3}}
         (folder / 'config.json').write_text(json.dumps(config))
         lines = [{'iter': 0, 'tokens': 0, 'val_loss': 2.0, 'best_val': 2.0}]
         for i, ce in enumerate(ces):
