@@ -11,6 +11,7 @@ same warmup and budget (negative: the config is better), active = cpu_dense_acti
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -135,6 +136,36 @@ def replication(runs, chosen):
             'established': complete and gap['t'] is not None and gap['t'] < REPLICATION_T}
 
 
+def gap_of(cell, gap):
+    """A cell's active gap (dense_active - moe) or total gap (moe - dense_total)."""
+    if gap == 'active':
+        return cell['active']
+    return cell['configs'].get('cpu_moe', {}).get('vs_dense_total', report.NO_GAP)
+
+
+def move_entry(before, after):
+    """How a gap moves between two budgets: per seed (those both have), the gap at `after` minus
+    the gap at `before`, with report.paired's fields and t; NO_GAP under two seeds."""
+    seeds = sorted(set(before['per_seed']) & set(after['per_seed']), key=int)
+    per_seed = {s: after['per_seed'][s] - before['per_seed'][s] for s in seeds}
+    if len(per_seed) < 2:
+        return {**report.NO_GAP, 't': None}
+    mean, std = report.mean_std(list(per_seed.values()))
+    move = {'mean': mean, 'std': std, 'se': std / math.sqrt(len(per_seed)), 'n': len(per_seed),
+            'positive': sum(v > 0 for v in per_seed.values()), 'per_seed': per_seed}
+    return {**move, 't': t_statistic(move)}
+
+
+def budget_moves(budgets):
+    """{'25-50': {'active': move, 'total': move}, ...}: each gap's move from one budget to the
+    next (budgets: {budget: summarise_cell} of one warmup)."""
+    order = sorted(budgets, key=int)
+    return {f'{small}-{large}': {gap: move_entry(gap_of(budgets[small], gap),
+                                                 gap_of(budgets[large], gap))
+                                 for gap in ('active', 'total')}
+            for small, large in zip(order, order[1:])}
+
+
 def summarise(runs, chosen):
     cells = group_cells(runs, STUDY_SEEDS)
     picked, means = pick(cells)
@@ -151,6 +182,8 @@ def summarise(runs, chosen):
                  if name in TRIO}
         if sweep:
             out['sweep'][warmup] = summarise_cell(sweep)
+    out['moves'] = {warmup: budget_moves(out['cells'][warmup])
+                    for warmup in (FRACTION, chosen) if warmup in out['cells']}
     out['replication'] = replication(runs, chosen)
     # the routers' first steps: cpu_moe under the recipe's warmup and the chosen one
     out['early'] = {}
@@ -259,6 +292,21 @@ def budget_lines(cells, chosen):
     return lines + ['']
 
 
+def move_lines(moves):
+    lines = ['## How the gaps move with the budget', '',
+             'Per seed, a gap at the larger budget minus the same gap at the smaller, over the '
+             'seeds both have: a positive move of the active gap, it grows; a negative move of the '
+             '(positive) total gap, it narrows.', '',
+             '| warmup | budgets | active gap, larger - smaller | total gap, larger - smaller |',
+             '|---|---|---|---|']
+    for warmup, pairs in moves.items():
+        for budgets, move in pairs.items():
+            small, large = budgets.split('-')
+            lines.append(f'| {warmup} | {small}% -> {large}% | {gap_text(move["active"])} | '
+                         f'{gap_text(move["total"])} |')
+    return lines + ['']
+
+
 def replication_lines(r):
     seeds = f'seeds {r["seeds"][0]}-{r["seeds"][-1]}'
     gap = r['vs_dense_total']
@@ -287,6 +335,7 @@ def markdown(summary, warnings, plot_name):
     lines += sweep_lines(summary['sweep'])
     lines += study_lines(summary['cells'], summary['chosen'])
     lines += budget_lines(summary['cells'], summary['chosen'])
+    lines += move_lines(summary['moves'])
     if summary['replication']:
         lines += replication_lines(summary['replication'])
     if plot_name:

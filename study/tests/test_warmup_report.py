@@ -149,3 +149,24 @@ def test_a_replication_short_of_seeds_is_not_decided(sweep):
     r, text = report(sweep)
     assert r['replication']['established'] is False
     assert 'not decided yet: 2 of 10 seeds' in text
+
+
+def test_a_gaps_move_between_budgets_is_paired_by_seed(sweep):
+    """At 112 steps, a 50% budget whose cpu_moe is 0.01 * s worse than at 100% (the other configs
+    as at 100%): from 50% to 100% the active gap moves by +0.01 * s, the total gap by -0.01 * s,
+    seeds 1-5: mean 0.03, std of 0.01 * (1..5), t = 0.03 / (std / sqrt 5)."""
+    for seed in SEEDS:
+        for config in ('cpu_dense_active', 'cpu_moe', 'cpu_dense_total'):
+            worse = 0.01 * seed if config == 'cpu_moe' else 0
+            add_run(sweep, f'w112_b50_{config}', seed, best('112', config, seed) + worse,
+                    warmup_iters=112, iters=10)
+    r, text = report(sweep)
+    std = statistics.stdev([0.01 * s for s in SEEDS])
+    active, total = (r['moves']['112']['50-100'][gap] for gap in ('active', 'total'))
+    assert active['mean'] == pytest.approx(0.03) and total['mean'] == pytest.approx(-0.03)
+    assert active['std'] == pytest.approx(std) and active['n'] == 5 and active['positive'] == 5
+    assert active['t'] == pytest.approx(0.03 / (std / 5 ** 0.5))
+    assert total['t'] == pytest.approx(-active['t']) and total['positive'] == 0
+    assert list(r['moves']) == ['2%', '112']  # the 2% warmup has one budget: no move
+    assert r['moves']['2%'] == {}
+    assert f'| 112 | 50% -> 100% | +0.0300 ± {std:.4f} [5 of 5 > 0, t +{active["t"]:.2f}] |' in text
