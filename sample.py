@@ -29,9 +29,10 @@ def newest_run():
     return os.path.dirname(max(finished, key=os.path.getmtime))
 
 
-def load_model(out_dir, device):
-    """The best checkpoint of a run, rebuilt from the config stored inside it, and its tokenizer."""
-    path = os.path.join(out_dir, 'best.pt')
+def load_model(out_dir, device, name='best.pt'):
+    """A checkpoint of a run (its best by default), rebuilt from the config stored inside it, and
+    its tokenizer."""
+    path = os.path.join(out_dir, name)
     if not os.path.isfile(path):
         raise UserError(f'no checkpoint at {path}; train one first (e.g. python train.py '
                         'config/cpu_moe.py --seed=1) or point --out_dir at a run folder')

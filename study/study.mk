@@ -333,3 +333,13 @@ $(ROUTE_RUNS): out/route_%/done.json: | data/tinystories_bytes/meta.json
 	$(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 		--config_name=route_$(word 1,$(subst -s, ,$*)) --keep_checkpoints=True --ckpt_interval=50 \
 		$(if $(wildcard out/route_$*/log.jsonl),--resume=True)
+# make route: route.py's statistics (--stats, the validation split) and settling curve (--settle) of each run,
+# the files kept in results/cpu/route/runs, then the report with the pre-registered test -> results/cpu/route
+ROUTE_DONE := $(ROUTE_RUNS:done.json=route/settle.json)
+$(ROUTE_DONE): out/route_%/route/settle.json: out/route_%/done.json
+	$(PYTHON) route.py --out_dir out/route_$* --stats --settle --device cpu
+route: setup $(ROUTE_DONE)
+	for run in $(dir $(ROUTE_RUNS)); do mkdir -p results/cpu/route/runs/$$(basename $$run) && \
+		cp $$run/log.jsonl $$run/config.json $$run/route/stats.json $$run/route/settle.json \
+		results/cpu/route/runs/$$(basename $$run)/; done
+	$(PYTHON) -m study.route_report results/cpu/route/runs --out results/cpu/route
