@@ -33,9 +33,9 @@ COLOURS = ('#8dd3c7', '#ffffb3', '#bebada', '#fb8072', '#80b1d3', '#fdb462', '#b
            '#d9d9d9', '#bc80bd', '#ccebc5', '#ffed6f', '#a6cee3', '#b2df8a', '#fdbf6f', '#cab2d6')
 # the byte classes of a bytes-tokenizer run, for the token-class statistics
 BYTE_CLASSES = ('letter', 'digit', 'space', 'newline', 'punctuation', 'other')
-# --settle reads this many windows, spread evenly over the split: ~33K tokens at the CPU recipe,
-# enough for a share's standard error under 0.003, at a tenth of the whole split's time
-SETTLE_WINDOWS = 128
+# --settle reads this many windows, spread evenly over the split: ~16K tokens at the CPU recipe,
+# enough for a share's standard error under 0.004, at a twelfth of the whole split's time
+SETTLE_WINDOWS = 64
 MIN_COUNT = 50  # a token is ranked for an expert (tokens_above_base_rate) from this many on
 TOP_TOKENS = 5  # tokens listed per expert
 
