@@ -546,12 +546,6 @@ def main(argv):
         plumbing.print_param_table(c, count_params(c), count_params(c, ffn='moe'),
                                    flops_per_token(c))
         return
-    with plumbing.ctrl_c_in_one_line(c):  # where the run stopped, how to go on from there
-        train_run(c)
-
-
-def train_run(c):
-    """One run of config c: the data, the model, the loop; its files go to c.out_dir."""
     meta, val_windows = load_data(c)
     ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
     device, use_compile, autocast, scaler = plumbing.setup_device(c)
@@ -656,6 +650,13 @@ def train_run(c):
         plumbing.finish_run(c, log, iters, iters * tokens_per_iter, best_val)
 
 
-if __name__ == '__main__':
+def command(argv):
+    """train.py as a command: an error a user can fix, or a Ctrl-C, ends it in one line."""
     with plumbing.one_line_errors('train.py'):
-        main(sys.argv[1:])
+        c = configure(argv)
+        with plumbing.ctrl_c_in_one_line(c):  # where the run stopped, how to go on from there
+            main(argv)
+
+
+if __name__ == '__main__':
+    command(sys.argv[1:])

@@ -25,12 +25,17 @@ def train_args(prepared, out_dir, *extra):
             f'--out_dir={out_dir}', *RESUMABLE, *extra]
 
 
-STOP_AT = ('import os, signal, sys, train\n'
-           # sends itself the signal named (SIGKILL, SIGINT: Ctrl-C) as it reaches step `at`
+STOP_AT = ('import os, signal, sys, time, train\n'
+           # train.py sends itself the signal named (SIGKILL; SIGINT: Ctrl-C) as it reaches step
+           # `at`, and waits for it
            'stop, at, real = getattr(signal, sys.argv[1]), int(sys.argv[2]), train.get_batch\n'
-           'train.get_batch = lambda c, step, device: '
-           'os.kill(os.getpid(), stop) if step == at else real(c, step, device)\n'
-           'train.main(sys.argv[3:])')
+           'def get_batch(c, step, device):\n'
+           '    if step == at:\n'
+           '        os.kill(os.getpid(), stop)\n'
+           '        time.sleep(60)\n'
+           '    return real(c, step, device)\n'
+           'train.get_batch = get_batch\n'
+           'train.command(sys.argv[3:])')
 
 
 def stopped_run(signal_name, at, args):
