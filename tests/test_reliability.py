@@ -29,6 +29,9 @@ STOP_AT = ('import os, signal, sys, time, train\n'
            # train.py sends itself the signal named (SIGKILL; SIGINT: Ctrl-C) as it reaches step
            # `at`, and waits for it
            'stop, at, real = getattr(signal, sys.argv[1]), int(sys.argv[2]), train.get_batch\n'
+           # Ctrl-C raises KeyboardInterrupt, as in a terminal, also where the tests run in the
+           # background (a shell starts background jobs with SIGINT ignored)
+           'signal.signal(signal.SIGINT, signal.default_int_handler)\n'
            'def get_batch(c, step, device):\n'
            '    if step == at:\n'
            '        os.kill(os.getpid(), stop)\n'
