@@ -48,13 +48,14 @@ def ctrl_c_in_one_line(c):
     try:
         yield
     except KeyboardInterrupt:
-        print(f'\ntrain.py: stopped by Ctrl-C{after_the_last_line(c.out_dir)}; '
-              f'{what_can_resume(c)}', file=sys.stderr)
+        logged = last_logged_iter(c.out_dir)
+        ends = '' if logged is None else f' (its log ends at iter {logged})'
+        print(f'\ntrain.py: stopped by Ctrl-C{ends}; {what_can_resume(c)}', file=sys.stderr)
         sys.exit(130)
 
 
-def after_the_last_line(out_dir):
-    """' after iter N', the last step a run's log.jsonl reached, or '' before its first line."""
+def last_logged_iter(out_dir):
+    """The last step out_dir's log.jsonl reached, or None without a line."""
     iters = []
     if os.path.exists(os.path.join(out_dir, 'log.jsonl')):
         for line in open(os.path.join(out_dir, 'log.jsonl')):
@@ -62,15 +63,15 @@ def after_the_last_line(out_dir):
                 iters.append(json.loads(line)['iter'])
             except ValueError:  # a line torn by the stop
                 pass
-    return f' after iter {iters[-1]}' if iters else ''
+    return iters[-1] if iters else None
 
 
 def what_can_resume(c):
     """A stopped run's way on: its latest.pt and the flag, or that nothing was saved yet."""
     latest_path = os.path.join(c.out_dir, 'latest.pt')
     if not os.path.exists(latest_path):
-        return (f'nothing saved yet (the first checkpoint comes at iter {c.ckpt_interval}): '
-                'the same command starts over')
+        return (f'nothing saved yet (the first checkpoint comes at iter {c.ckpt_interval}, or at '
+                'the end): the same command starts over')
     saved_at = load_checkpoint(latest_path)['iter']
     return f'{latest_path} holds iter {saved_at}: add --resume=True to go on from there'
 
@@ -350,16 +351,16 @@ def load_resume_checkpoint(path, c, defaults):
 
 def checkpoint_to_resume(c, defaults):
     """The latest.pt to resume from (checked against the config), or None for a new run. A run
-    folder that holds a checkpoint or a finished run is never overwritten: it needs --resume=True.
-    A log alone is a run stopped before its first checkpoint: nothing to keep, it starts over."""
+    folder that already holds a log is never overwritten: it needs --resume=True. Except the log
+    of a run stopped before its first checkpoint (no latest.pt or done.json, no line at
+    ckpt_interval or past it): nothing to resume or keep, so it starts over."""
     latest_path = os.path.join(c.out_dir, 'latest.pt')
-    log_path = os.path.join(c.out_dir, 'log.jsonl')
-    done_path = os.path.join(c.out_dir, 'done.json')
-    is_a_run = os.path.exists(latest_path) or os.path.exists(done_path)
-    if is_a_run and not c.resume:
-        raise UserError(f'{c.out_dir} already holds a run (latest.pt or done.json): continue it '
-                        'with --resume=True, or choose another --out_dir (or remove that folder)')
-    if os.path.exists(log_path) and not is_a_run:
+    saved = os.path.exists(latest_path) or os.path.exists(os.path.join(c.out_dir, 'done.json'))
+    stopped_early = not saved and (last_logged_iter(c.out_dir) or 0) < c.ckpt_interval
+    if os.path.exists(os.path.join(c.out_dir, 'log.jsonl')) and not c.resume:
+        if not stopped_early:
+            raise UserError(f'{c.out_dir} already holds a run (log.jsonl): continue it with '
+                            '--resume=True, or choose another --out_dir (or remove that folder)')
         print(f'{c.out_dir} holds a run stopped before its first checkpoint: starting it over')
     if c.resume and os.path.isfile(latest_path):
         return load_resume_checkpoint(latest_path, c, defaults)
@@ -438,7 +439,9 @@ def warn_if_beyond_a_cpu(model, c, batch, iters):
     (a step's FLOPs). No gradient, nothing saved: the run goes on as it would have."""
     x, y = batch
     start = time.time()
-    with torch.no_grad():  # no autograd: under DDP, no gradient hook fires on one process alone
+    # no autograd (under DDP no gradient hook fires on one process alone), and the random state
+    # put back after (a router that draws noise draws here too)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         model(x[:2], y[:2])
     tok_per_s = x[:2].numel() / (3 * (time.time() - start))
     hours = iters * c.batch_size * c.grad_accum * c.block_size / tok_per_s / 3600

@@ -116,7 +116,10 @@ def validation_windows(out_dir, text_path, tok, block_size):
 
 # ----------------------------------------------------------------------------- one text, shown
 def token_label(tok, i):
-    """A token in the statistics: its text, or <byte> for a byte that is no character alone."""
+    """A token in the statistics: its text, ¶ for EOT, <byte> for a byte that is no character
+    alone."""
+    if i == tok.eot_id:
+        return '¶'
     text = tok.decode([i])
     return f'<{i}>' if '\ufffd' in text else text
 
@@ -174,7 +177,9 @@ def words(texts):
         if text.endswith((' ', '↵')):
             groups.append(word)
             word = []
-    return groups + [word] if word else groups
+    if word:
+        groups.append(word)
+    return groups
 
 
 def wrap(texts, width):
@@ -338,6 +343,11 @@ def routing_stats(model, tok, windows, device):
     return out
 
 
+def number(x, digits=3):
+    """x to `digits` decimals; - for None (U where a layer's first choice never varies)."""
+    return '-' if x is None else f'{x:.{digits}f}'
+
+
 def stats_markdown(s, title):
     lines = [f'# Routing statistics: {title}', '',
              f'{s["tokens"]:,} tokens, {s["n_experts"]} experts, top-{s["top_k"]}; first choices. '
@@ -347,10 +357,10 @@ def stats_markdown(s, title):
              'I(token; E) bits | U token | U class |', '|---|---|---|---|---|---|---|']
     for i, layer in enumerate(s['layers']):
         load = ' '.join(f'{x:.2f}' for x in layer['first_load'])
-        u_class = f'{layer["u_class"]:.3f}' if 'u_class' in layer else '-'
         lines.append(f'| {i} | {load} | {layer["repeat"]:.3f} ({layer["repeat_chance"]:.3f}) | '
                      f'{layer["any_shared"]:.3f} ({layer["any_shared_chance"]:.3f}) | '
-                     f'{layer["mi_token_bits"]:.3f} | {layer["u_token"]:.3f} | {u_class} |')
+                     f'{layer["mi_token_bits"]:.3f} | {number(layer["u_token"])} | '
+                     f'{number(layer.get("u_class"))} |')
     lines += ['', 'The tokens each expert takes as first choice most above its base rate (lift):',
               '', '| layer | expert | tokens (lift) |', '|---|---|---|']
     for i, layer in enumerate(s['layers']):
@@ -363,8 +373,9 @@ def stats_markdown(s, title):
 # ----------------------------------------------------------------------------- settling
 def kept_checkpoints(out_dir):
     """A run's ckpt_<step>.pt files (train.py --keep_checkpoints=True), by step."""
-    paths = glob.glob(os.path.join(out_dir, 'ckpt_*.pt'))
-    steps = {int(re.search(r'ckpt_(\d+)\.pt$', p).group(1)): p for p in paths}
+    named = [re.fullmatch(r'ckpt_(\d+)\.pt', os.path.basename(p))
+             for p in glob.glob(os.path.join(out_dir, 'ckpt_*.pt'))]
+    steps = {int(m.group(1)): os.path.join(out_dir, m.group(0)) for m in named if m}
     if len(steps) < 2:
         raise UserError(f'{out_dir} keeps {len(steps)} ckpt_<step>.pt: train the run with '
                         '--keep_checkpoints=True to follow its routing along training')
@@ -383,9 +394,12 @@ def settle(out_dir, windows, device):
         model, _ = load_moe(out_dir, device, os.path.basename(path))
         chosen[step] = routing_of_windows(model, windows, device)[0]
     final = chosen[max(chosen)]
-    k = final.shape[-1]
-    layers = [[float((e[..., :, None] == final[..., None, :]).any(-1).sum(-1)[layer].mean() / k)
-               for e in chosen.values()] for layer in range(len(final))]
+    shares = []  # per checkpoint, per layer
+    for experts in chosen.values():
+        # per token: how many of its k experts are among its final k
+        kept = (experts[..., :, None] == final[..., None, :]).any(axis=-1).sum(axis=-1)
+        shares.append(kept.mean(axis=(1, 2)) / final.shape[-1])
+    layers = np.array(shares).T.tolist()  # per layer, per checkpoint
     return {'steps': list(chosen), 'layers': layers,
             'mean': np.mean(layers, axis=0).tolist()}
 
@@ -445,7 +459,7 @@ def main(argv=None):
     p.add_argument('--ckpt', default='latest.pt',
                    help='the checkpoint in out_dir (latest.pt: the model after its last step)')
     p.add_argument('--start', default='', help='the text, or FILE:path; empty: a story the model '
-                   'writes first')
+                   'writes first (not shown with --stats or --settle)')
     p.add_argument('--max_new_tokens', type=int, default=300, help='the story\'s length')
     p.add_argument('--seed', type=int, default=1, help='the story\'s random seed')
     p.add_argument('--stats', action='store_true', help='statistics on the validation split')

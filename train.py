@@ -637,10 +637,10 @@ def main(argv):
             if master:
                 log.train(record, losses, iters, meter.time_left(done))
                 if done % c.ckpt_interval == 0 or done == iters:
+                    if c.keep_checkpoints:  # route.py --settle reads them; before latest.pt,
+                        save_checkpoint(f'ckpt_{done}.pt', done, best_val)  # so none is missed
                     save_checkpoint('latest.pt', done, best_val)
                     last_saved = done
-                    if c.keep_checkpoints:  # route.py --settle reads them
-                        save_checkpoint(f'ckpt_{done}.pt', done, best_val)
     best_val = evaluate_and_keep_best(iters, best_val)  # the trained model's
 
     if ddp:  # DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)

@@ -4,8 +4,8 @@ of each run, mean and spread over seeds per config, and the shared expert's pre-
 
     python -m study.route_report results/cpu/route/runs --out results/cpu/route
 
-Each run folder holds config.json and log.jsonl as train.py wrote them, and route.py's stats.json
-(--stats, on the validation split) and settle.json (--settle).
+Each run folder holds config.json and log.jsonl as train.py wrote them (the log is kept, not read),
+and route.py's stats.json (--stats, on the validation split) and settle.json (--settle).
 """
 import argparse
 import json
@@ -23,6 +23,9 @@ from study.compute import t_statistic
 PREREG_SEEDS = tuple(range(51, 61))
 PREREG_PAIR = ('cpu_moe_shared', 'cpu_moe')
 PREREG_T = 2.262
+# looked at after the runs, deciding nothing: the number of experts alone can move U (8 experts
+# with no shared one against cpu_moe's 4), and the shared expert against 8 routed ones
+DESCRIPTIVE_PAIRS = (('cpu_moe_fine8_top2', 'cpu_moe'), ('cpu_moe_shared', 'cpu_moe_fine8_top2'))
 SETTLED = 0.9  # "settled": the step from which a run's share of its final routing stays >= this
 LAYER_KEYS = ('u_token', 'u_class', 'repeat', 'repeat_chance', 'any_shared', 'any_shared_chance')
 
@@ -42,6 +45,9 @@ def read_runs(folder):
         except OSError as e:
             raise UserError(f'{path} is not a routed run ({e.strerror}: {e.filename}); make '
                             'route writes config.json, stats.json and settle.json') from None
+        if settle['steps'][-1] != config['iters']:
+            raise UserError(f'{path} stops at step {settle["steps"][-1]} of {config["iters"]}: '
+                            'finish its run (make route_runs) before its statistics')
         config_name = config['config_name'].removeprefix('route_')
         runs[config_name][config['seed']] = {'config': config, 'stats': stats, 'settle': settle}
     if not runs:
@@ -50,7 +56,10 @@ def read_runs(folder):
 
 
 def spread(values):
-    """mean, std (n - 1) and n of a list; std None for one value."""
+    """mean, std (n - 1) and n of a list, its Nones left out; std None for one value."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {'mean': None, 'std': None, 'n': 0}
     mean, std = mean_std(values)
     return {'mean': mean, 'std': std if len(values) > 1 else None, 'n': len(values)}
 
@@ -73,9 +82,8 @@ def summarise_config(seeds):
     for i in range(n_layers):
         layer = {}
         for key in LAYER_KEYS:
-            values = [r['stats']['layers'][i].get(key) for r in runs]
-            if None not in values:
-                layer[key] = spread(values)
+            if key in runs[0]['stats']['layers'][i]:
+                layer[key] = spread([r['stats']['layers'][i][key] for r in runs])
         layers.append(layer)
     steps = runs[0]['settle']['steps']
     shares = [[r['settle']['mean'][j] for r in runs] for j in range(len(steps))]
@@ -87,20 +95,26 @@ def summarise_config(seeds):
             'settled_step': spread([settled_step(r['settle']) for r in runs])}
 
 
-def prereg_test(runs):
-    """The pre-registered test on the seeds both configs have of PREREG_SEEDS: d_s, paired t, the
-    95% interval of the mean and the verdict (decided only with all 10 seeds)."""
-    a, b = (runs.get(name, {}) for name in PREREG_PAIR)
-    seeds = [s for s in PREREG_SEEDS if s in a and s in b]
-    d = {str(s): a[s]['stats']['u_token'] - b[s]['stats']['u_token'] for s in seeds}
-    out = {'seeds': seeds, 'per_seed': d, 'threshold': PREREG_T, 'verdict': None}
+def paired_u(a, b, seeds):
+    """U of a - U of b, per seed of `seeds` where both have a U: mean, std, se, t, positive."""
+    d = {str(s): a[s]['stats']['u_token'] - b[s]['stats']['u_token'] for s in seeds
+         if s in a and s in b and None not in (a[s]['stats']['u_token'], b[s]['stats']['u_token'])}
+    out = {'seeds': [int(s) for s in d], 'per_seed': d}
     if len(d) < 2:
         return out
     mean, std = mean_std(list(d.values()))
     se = std / math.sqrt(len(d))
-    out.update(mean=mean, std=std, se=se, t=t_statistic({'mean': mean, 'se': se}),
-               positive=sum(v > 0 for v in d.values()))
-    if len(seeds) == len(PREREG_SEEDS):
+    return {**out, 'mean': mean, 'std': std, 'se': se,
+            't': t_statistic({'mean': mean, 'se': se}), 'positive': sum(v > 0 for v in d.values())}
+
+
+def prereg_test(runs):
+    """The pre-registered test on the seeds both configs have of PREREG_SEEDS: d_s, paired t, the
+    95% interval of the mean and the verdict (decided only with all 10 seeds and a t)."""
+    a, b = (runs.get(name, {}) for name in PREREG_PAIR)
+    out = {**paired_u(a, b, PREREG_SEEDS), 'threshold': PREREG_T, 'verdict': None}
+    if out['seeds'] == list(PREREG_SEEDS) and out.get('t') is not None:
+        mean, se = out['mean'], out['se']
         out['interval'] = [mean - PREREG_T * se, mean + PREREG_T * se]
         if out['t'] > PREREG_T:
             out['verdict'] = 'confirmed'
@@ -112,13 +126,17 @@ def prereg_test(runs):
 
 
 def summarise(runs):
+    descriptive = {f'{a} - {b}': paired_u(runs.get(a, {}), runs.get(b, {}), PREREG_SEEDS)
+                   for a, b in DESCRIPTIVE_PAIRS}
     return {'configs': {name: summarise_config(seeds) for name, seeds in sorted(runs.items())},
-            'prereg': prereg_test(runs)}
+            'prereg': prereg_test(runs), 'descriptive': descriptive}
 
 
 # ----------------------------------------------------------------------------- report.md
 def value(s, digits=3):
-    """mean ± std, or the mean alone for one seed."""
+    """mean ± std, the mean alone for one seed, - for none."""
+    if s['mean'] is None:
+        return '-'
     if s['std'] is None:
         return f'{s["mean"]:.{digits}f}'
     return f'{s["mean"]:.{digits}f} ± {s["std"]:.{digits}f}'
@@ -132,15 +150,32 @@ def prereg_lines(p):
              f'before the runs: paired t over seeds 51-60, |t| > {p["threshold"]}.', '']
     if 't' not in p:
         return lines + [f'Not decided yet: {len(p["seeds"])} of {len(PREREG_SEEDS)} seeds.', '']
+    t = '-' if p['t'] is None else f'{p["t"]:+.2f}'
     per_seed = ', '.join(f's{s}: {v:+.4f}' for s, v in p['per_seed'].items())
     lines += [f'- d = {p["mean"]:+.4f} ± {p["std"]:.4f} (mean ± std), {p["positive"]} of '
-              f'{len(p["seeds"])} seeds > 0, paired t {p["t"]:+.2f}.', f'- per seed: {per_seed}.']
+              f'{len(p["seeds"])} seeds > 0, paired t {t}.', f'- per seed: {per_seed}.']
     if p['verdict'] is None:
-        lines.append(f'- Not decided yet: {len(p["seeds"])} of {len(PREREG_SEEDS)} seeds.')
+        lines.append(f'- Not decided: {len(p["seeds"])} of {len(PREREG_SEEDS)} seeds, t {t}.')
     else:
         low, high = p['interval']
         lines.append(f'- 95% interval of the mean: {low:+.4f} to {high:+.4f}. '
                      f'**Verdict: {p["verdict"]}.**')
+    return lines + ['', 'What the verdict cannot tell apart: `cpu_moe_shared` has 6 routed '
+                    'experts, `cpu_moe` 4, and the number of experts alone moves U (with each '
+                    'byte spread as widely, more experts raise it). The comparisons below, looked '
+                    'at after the runs, decide nothing.', '']
+
+
+def descriptive_lines(descriptive):
+    lines = ['## Beside the test, looked at after the runs', '',
+             '| U of - U of | mean ± std | seeds > 0 | paired t |', '|---|---|---|---|']
+    for pair, d in descriptive.items():
+        if 't' not in d:
+            lines.append(f'| {pair} | - | | |')
+            continue
+        t = '-' if d['t'] is None else f'{d["t"]:+.2f}'
+        lines.append(f'| {pair} | {d["mean"]:+.4f} ± {d["std"]:.4f} | {d["positive"]} of '
+                     f'{len(d["seeds"])} | {t} |')
     return lines + ['']
 
 
@@ -202,7 +237,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     plot_settle(summary['configs'], os.path.join(args.out, 'settle.png'))
     lines = ['# What the routers do, under the CPU recipe', '']
-    lines += prereg_lines(summary['prereg']) + config_lines(summary['configs'])
+    lines += prereg_lines(summary['prereg']) + descriptive_lines(summary['descriptive'])
+    lines += config_lines(summary['configs'])
     lines += ['![When the routing settles](settle.png)', '']
     with open(os.path.join(args.out, 'report.md'), 'w') as f:
         f.write('\n'.join(lines))

@@ -327,6 +327,7 @@ claims: setup $(CLAIM_RUNS) $(SHARED_RUNS)
 ROUTE_SEEDS ?= $(shell seq 51 60)
 ROUTE_CONFIGS := cpu_moe cpu_moe_shared cpu_moe_top1 cpu_moe_fine8_top2
 ROUTE_RUNS := $(foreach s,$(ROUTE_SEEDS),$(foreach c,$(ROUTE_CONFIGS),out/route_$(c)-s$(s)/done.json))
+.PHONY: route route_runs
 route_runs: $(ROUTE_RUNS)
 # out/route_cpu_moe-s51/done.json -> config/cpu_moe.py, seed 51, named route_cpu_moe
 $(ROUTE_RUNS): out/route_%/done.json: | data/tinystories_bytes/meta.json

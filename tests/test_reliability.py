@@ -108,17 +108,34 @@ def test_ctrl_c_is_one_line_saying_where_the_run_stopped_and_how_to_go_on(prepar
     args = train_args(prepared, out_dir)[1:]  # a checkpoint every 10 steps, a log line every 10
     first = stopped_run('SIGINT', 5, args)
     assert first.returncode == 130 and first.stderr.strip() == (
-        'train.py: stopped by Ctrl-C after iter 0; nothing saved yet (the first checkpoint '
-        'comes at iter 10): the same command starts over')
+        'train.py: stopped by Ctrl-C (its log ends at iter 0); nothing saved yet (the first '
+        'checkpoint comes at iter 10, or at the end): the same command starts over')
     second = stopped_run('SIGINT', 15, args)
     assert f'{out_dir} holds a run stopped before its first checkpoint: starting it over' in (
         second.stdout)
     assert second.returncode == 130 and second.stderr.strip() == (
-        f'train.py: stopped by Ctrl-C after iter 10; {out_dir / "latest.pt"} holds iter 10: '
-        'add --resume=True to go on from there')
+        f'train.py: stopped by Ctrl-C (its log ends at iter 10); {out_dir / "latest.pt"} holds '
+        'iter 10: add --resume=True to go on from there')
     out = run('train.py', *args, '--resume=True')
     assert out.returncode == 0 and 'resumed at iter 10' in out.stdout, out.stderr
     assert [r['iter'] for r in read_log(out_dir)] == [0, 10, 20, 20, 30, 40, 40]
+
+
+def test_a_log_past_the_first_checkpoint_is_a_run_even_without_its_checkpoints(prepared,
+                                                                               tmp_path):
+    """A kept copy of a run (log.jsonl and config.json, as results/ holds them) is never
+    overwritten, though it has no latest.pt to resume from."""
+    finished = prepared / 'ctrl_c'  # finished by the test above, or made here
+    if not (finished / 'done.json').exists():
+        assert run(*train_args(prepared, finished)).returncode == 0
+    kept = tmp_path / 'kept'
+    kept.mkdir()
+    for name in ('log.jsonl', 'config.json'):
+        (kept / name).write_bytes((finished / name).read_bytes())
+    before = (kept / 'log.jsonl').read_bytes()
+    out = run(*train_args(prepared, kept))
+    assert out.returncode != 0 and '--resume=True' in out.stderr, out.stderr
+    assert (kept / 'log.jsonl').read_bytes() == before
 
 
 def test_resume_with_nothing_to_resume_starts_from_zero(prepared):
@@ -414,14 +431,20 @@ def test_a_config_beyond_a_cpu_says_how_long_it_would_take(monkeypatch, capsys, 
     c = config(batch_size=4)
     model = train.Transformer(c)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
     clock = iter([100.0, 101.0])
     monkeypatch.setattr(plumbing.time, 'time', lambda: next(clock))
     windows = torch.zeros(4, c.block_size + 1, dtype=torch.long)
-    plumbing.warn_if_beyond_a_cpu(model, c, (windows[:, :-1], windows[:, 1:]), iters)
+
+    def noisy_model(x, y):  # a model whose forward draws random numbers, as a noisy router would
+        torch.rand(1)
+        return model(x, y)
+    plumbing.warn_if_beyond_a_cpu(noisy_model, c, (windows[:, :-1], windows[:, 1:]), iters)
     expected = ('  a config made for a GPU: at 11 tok/s, as its first windows train on this CPU, '
                 'its 1,000,000 steps would take about 1,667 hours. On a CPU, train the CPU recipe '
                 'instead: make cpu, or config/cpu_moe.py\n')
     assert capsys.readouterr().out == (expected if says else '')
-    # no step taken, no gradient left behind: the run goes on as it would have
+    # no step taken, no gradient left behind, the same random state: the run goes on as it would
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())

@@ -72,13 +72,25 @@ def test_each_statistic_equals_its_hand_computed_value(monkeypatch):
                                      [0, 0, 0, 0]]
 
 
-def test_a_token_blind_router_scores_zero_and_a_rare_token_is_not_ranked():
-    """Every byte to the same two experts: H(E) = 0, U undefined (None); MIN_COUNT keeps 8 tokens
-    out of the ranking."""
+def test_a_router_that_never_varies_has_no_u_and_a_rare_token_is_not_ranked():
+    """Every byte to the same two experts: H(E) = 0, U undefined (None, - in stats.md); MIN_COUNT
+    keeps 8 tokens out of the ranking."""
     _, model = hand_routed(space_first=1, other_first=1)
-    layer = route.routing_stats(model, ByteTokenizer(), WINDOWS, 'cpu')['layers'][0]
-    assert layer['mi_token_bits'] == 0 and layer['u_token'] is None
+    s = route.routing_stats(model, ByteTokenizer(), WINDOWS, 'cpu')
+    layer = s['layers'][0]
+    assert layer['mi_token_bits'] == 0 and layer['u_token'] is None and s['u_token'] is None
     assert layer['repeat'] == 1 and layer['tokens_above_base_rate'] == [[], [], [], []]
+    assert '| 0.000 | - | - |' in route.stats_markdown(s, 'never varies')
+
+
+@pytest.mark.parametrize('experts, u', [
+    ([0, 1, 0, 1], 0.0),   # each byte half to each expert: blind to the byte, H(E) 1 bit
+    ([0, 1, 2, 3], 0.5),   # each byte split over 2 of 4 experts: H(E) 2, H(E | X) 1
+    ([0, 0, 1, 1], 1.0)])  # each byte to its own expert
+def test_u_is_the_share_of_the_first_choice_the_token_determines(experts, u):
+    x = np.array([[A, A, B, B]])
+    layer = route.layer_stats(x, np.array(experts)[None, :, None], 4, chr)
+    assert layer['u_token'] == pytest.approx(u)
 
 
 def test_a_random_routers_repeat_rate_matches_chance_within_its_error():
@@ -157,10 +169,10 @@ def test_a_dense_run_and_a_file_that_is_no_checkpoint_are_one_line(tmp_path):
 def test_route_py_on_a_trained_run_writes_its_files(prepared):
     """A tiny cpu_moe run that keeps its checkpoints (whose log equals the same run's without
     them), then route.py on a text, --stats and --settle, as a user runs it."""
-    args = ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY,
-            '--ckpt_interval=10']
-    kept, plain = prepared / 'kept', prepared / 'plain'
-    assert run(*args, f'--out_dir={kept}', '--keep_checkpoints=True').returncode == 0
+    args = ['train.py', 'config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY]
+    kept, plain = prepared / 'kept', prepared / 'plain'  # plain: latest.pt at the end alone
+    out = run(*args, f'--out_dir={kept}', '--keep_checkpoints=True', '--ckpt_interval=10')
+    assert out.returncode == 0, out.stderr
     assert run(*args, f'--out_dir={plain}').returncode == 0
     assert read_log(kept) == read_log(plain)
     assert sorted(p.name for p in kept.glob('ckpt_*.pt')) == [

@@ -9,12 +9,13 @@ from study import route_report
 STEPS = [50, 100, 150]
 
 
-def write_routed(root, config, seed, u_token, shares):
+def write_routed(root, config, seed, u_token, shares, iters=150):
     """A routed run as make route keeps it: config.json, stats.json (two layers), settle.json."""
     folder = root / f'route_{config}-s{seed}'
     folder.mkdir(parents=True)
     (folder / 'config.json').write_text(json.dumps(
-        {'config_name': f'route_{config}', 'seed': seed, 'cpu': 'a CPU, 1 threads'}))
+        {'config_name': f'route_{config}', 'seed': seed, 'cpu': 'a CPU, 1 threads',
+         'iters': iters}))
     layer = {'u_token': u_token, 'u_class': u_token / 2, 'repeat': 0.2, 'repeat_chance': 0.25,
              'any_shared': 0.6, 'any_shared_chance': 0.5}
     (folder / 'stats.json').write_text(json.dumps(
@@ -72,3 +73,29 @@ def test_the_verdict_waits_for_all_ten_seeds(routed):
     p = route_report.summarise(route_report.read_runs(str(routed)))['prereg']
     assert p['seeds'] == list(range(51, 60)) and p['verdict'] is None
     assert 'interval' not in p
+
+
+@pytest.mark.parametrize('scale, verdict', [(-1, 'reversed'), (0.5, 'not established')])
+def test_the_verdict_follows_the_sign_and_size_of_t(tmp_path, scale, verdict):
+    """The same gaps negated (t -2.61), or lowered by 0.0025 each (t +1.31)."""
+    for seed in route_report.PREREG_SEEDS:
+        write_routed(tmp_path, 'cpu_moe', seed, 0.4, [0.5, 0.95, 1.0])
+        gap = d(seed) * scale if scale < 0 else d(seed) - 0.0025
+        write_routed(tmp_path, 'cpu_moe_shared', seed, 0.4 + gap, [0.5, 0.95, 1.0])
+    p = route_report.summarise(route_report.read_runs(str(tmp_path)))['prereg']
+    assert p['verdict'] == verdict and abs(p['t']) != pytest.approx(route_report.PREREG_T)
+
+
+def test_a_run_short_of_its_last_step_is_refused(routed):
+    write_routed(routed, 'cpu_moe_top1', 51, 0.4, [0.5, 0.95, 1.0], iters=1120)
+    with pytest.raises(route_report.UserError, match='stops at step 150 of 1120'):
+        route_report.read_runs(str(routed))
+
+
+def test_the_expert_count_control_is_shown_beside_the_test(routed):
+    for seed in route_report.PREREG_SEEDS:
+        write_routed(routed, 'cpu_moe_fine8_top2', seed, 0.45, [0.5, 0.95, 1.0])
+    r = route_report.summarise(route_report.read_runs(str(routed)))
+    control = r['descriptive']['cpu_moe_fine8_top2 - cpu_moe']
+    assert control['mean'] == pytest.approx(0.05) and control['positive'] == 10
+    assert r['descriptive']['cpu_moe_shared - cpu_moe_fine8_top2']['mean'] == pytest.approx(-0.045)
