@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from plumbing import UserError, one_line_errors
-from sample import generate, load_model
+from sample import generate, load_model, read_start
 from train import MoE
 
 # an expert's colour in the terminal, the HTML and the PNG (light, under black text); past 16
@@ -425,13 +425,8 @@ def settle_figure(s, title, path):
 # ----------------------------------------------------------------------------- main
 def show_text(model, tok, args, to):
     """The text's routing: in the terminal, route.html and route.png."""
-    start = args.start
-    if start.startswith('FILE:'):
-        try:
-            start = open(start[5:], encoding='utf-8').read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f'cannot read the text file {start[5:]!r}: {e}') from None
-    ids = [tok.eot_id] + tok.encode(start)  # EOT first: a story that begins like this
+    # EOT first: a story that begins like this
+    ids = [tok.eot_id] + tok.encode(read_start(args.start))
     if len(ids) == 1:  # no text given: a story the model writes first
         torch.manual_seed(args.seed)
         prompt = torch.tensor([ids], device=args.device)

@@ -55,6 +55,16 @@ def load_model(out_dir, device, name='best.pt'):
     return model.to(device).eval(), tok
 
 
+def read_start(start):
+    """--start as given: the text itself, or the contents of the file FILE:path names."""
+    if not start.startswith('FILE:'):
+        return start
+    try:
+        return open(start[5:], encoding='utf-8').read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f'cannot read the prompt file {start[5:]!r}: {e}') from None
+
+
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, stop_id=None):
     """Extend idx (1, T) token by token. temperature 0 is greedy; top_k keeps the k most likely
@@ -97,12 +107,7 @@ def main(argv=None):
         print(f'sample.py: sampling from {args.out_dir} (the most recently finished run in out/)',
               file=sys.stderr)
 
-    start = args.start
-    if start.startswith('FILE:'):
-        try:
-            start = open(start[5:], encoding='utf-8').read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f'cannot read the prompt file {start[5:]!r}: {e}') from None
+    start = read_start(args.start)
     torch.manual_seed(args.seed)
     model, tok = load_model(args.out_dir, args.device)
     # stories are separated by EOT in training: EOT + prompt means "a story that begins like this"

@@ -169,4 +169,5 @@ def test_a_gaps_move_between_budgets_is_paired_by_seed(sweep):
     assert total['t'] == pytest.approx(-active['t']) and total['positive'] == 0
     assert list(r['moves']) == ['2%', '112']  # the 2% warmup has one budget: no move
     assert r['moves']['2%'] == {}
-    assert f'| 112 | 50% -> 100% | +0.0300 ± {std:.4f} [5 of 5 > 0, t +{active["t"]:.2f}] |' in text
+    row = f'| 112 | 50% -> 100% | +0.0300 ± {std:.4f} [5 of 5 > 0, t +{active["t"]:.2f}] |'
+    assert row in text
