@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from plumbing import UserError
+from errors import UserError
 
 
 def configure(defaults, argv):

@@ -29,7 +29,8 @@ import types
 from safetensors.torch import save_file
 
 import train
-from plumbing import UserError, load_checkpoint, one_line_errors
+from errors import UserError, one_line_errors
+from plumbing import load_checkpoint
 from prepare import HF_DATASET
 
 

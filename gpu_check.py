@@ -41,7 +41,7 @@ import bench
 import plumbing
 import sample
 import train
-from plumbing import UserError
+from errors import UserError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PARTS = ('tests', 'cpu_recipe', 'paper', 'speed')

@@ -22,23 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-
 # ----------------------------------------------------------------------------- errors
-class UserError(Exception):
-    """Something the user can fix: a missing file, a bad setting, a run folder already in use.
-    Library code raises it with a message that names the fix; the script's entry point prints it."""
-
-
-@contextlib.contextmanager
-def one_line_errors(script):
-    """Around a script's main: a UserError becomes one line, `script: error: message`, on stderr and
-    exit status 1 (the code raises before it would overwrite anything). Any other exception is a bug
-    and keeps its traceback."""
-    try:
-        yield
-    except UserError as e:
-        print(f'{script}: error: {e}', file=sys.stderr)
-        sys.exit(1)
+from errors import UserError, one_line_errors  # noqa: E402,F401
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from multiprocessing import Pool
 
 import numpy as np
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 HF_DATASET = "roneneldan/TinyStories"
 # in the release text format, a story ends with a line that is exactly this (CRLF tolerated)

@@ -21,7 +21,7 @@ import types
 from collections import defaultdict
 
 import train
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 ROLES = ('dense_active', 'moe', 'dense_total')
 # the paper's best validation losses (mean, std over 3 seeds) and gaps, shown beside paper-scale

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import torch
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 from sample import generate, load_model, read_start
 from train import MoE
 

@@ -13,7 +13,8 @@ import types
 
 import torch
 
-from plumbing import UserError, load_checkpoint, one_line_errors
+from errors import UserError, one_line_errors
+from plumbing import load_checkpoint
 from prepare import get_tokenizer
 from train import DEFAULTS, Transformer
 

@@ -15,7 +15,7 @@ import os
 import sys
 
 import report
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 # a paper claim is decided where a paired t passes this (either sign); else "not established".
 # Only once every planned seed pair is in: a t over fewer seeds decides nothing

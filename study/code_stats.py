@@ -13,7 +13,7 @@ import io
 import sys
 import tokenize
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENDMARKER)

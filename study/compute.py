@@ -17,7 +17,7 @@ import statistics
 
 import bench
 import report
-from plumbing import UserError
+from errors import UserError
 
 # a run named <budget>_<config> trains the config for another budget than the recipe's tokens:
 # cpu_dense_total's training FLOPs, or its time (make compute, study/compute_budget.py)

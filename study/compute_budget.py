@@ -24,7 +24,7 @@ import sys
 
 import bench
 import train
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 DENSE_TOTAL = 'config/cpu_dense_total.py'
 BUDGETS = 'results/cpu/compute/budgets.json'

@@ -13,7 +13,7 @@ import sys
 
 import bench
 import report
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 
 def warn(message):

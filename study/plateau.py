@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 
 KEYS = ('ce', 'busiest_frac', 'router_entropy', 'log_z')
 EXIT_CE = 2.5

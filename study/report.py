@@ -17,7 +17,7 @@ import os
 import sys
 
 import report
-from plumbing import one_line_errors
+from errors import one_line_errors
 from study import compute
 
 

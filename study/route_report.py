@@ -14,7 +14,7 @@ import os
 import sys
 from collections import defaultdict
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 from report import mean_std
 from study.compute import t_statistic
 

@@ -32,7 +32,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 from report import mean_std
 from sample import load_model
 from train import load_data

@@ -19,7 +19,7 @@ import argparse
 import sys
 
 import report
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 from study import compute
 
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import report
 import train
-from plumbing import UserError, one_line_errors
+from errors import UserError, one_line_errors
 from study.compute import t_statistic
 
 FRACTION = '2%'  # the warmup of a run without w<steps>_: the first protocol's 2% of its steps

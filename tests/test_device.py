@@ -10,7 +10,7 @@ import torch
 import plumbing
 import train
 from conftest import TINY, config, interrupt_training, run
-from plumbing import UserError
+from errors import UserError
 
 
 @pytest.mark.parametrize('cuda, capability, mps, device, dtype', [

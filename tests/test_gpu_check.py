@@ -12,7 +12,7 @@ import torch
 
 import gpu_check
 from conftest import REPO, run
-from plumbing import UserError
+from errors import UserError
 
 # one thread per process, as gpu_check.py runs its processes
 ONE_THREAD = {**os.environ, 'OMP_NUM_THREADS': '1'}

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import plumbing
 import train
 from conftest import REPO, config, reference_moe, run, write_stories
-from plumbing import UserError
+from errors import UserError
 
 
 def reference_dispatch(moe, x, weights, experts):

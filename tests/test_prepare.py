@@ -13,7 +13,7 @@ import tqdm
 
 import prepare
 from conftest import REPO
-from plumbing import UserError
+from errors import UserError
 
 EOT = "<|endoftext|>"
 

@@ -15,7 +15,7 @@ import plumbing
 import prepare
 import train
 from conftest import REPO, TINY, config, read_log, run
-from plumbing import UserError
+from errors import UserError
 
 RESUMABLE = TINY + ['--ckpt_interval=10']
 

@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 import report
-from plumbing import UserError
+from errors import UserError
 from tests.conftest import run
 
 # best val losses by config and seed; the eval curves below end at these values

@@ -10,7 +10,7 @@ import torch
 import route
 import train
 from conftest import TINY, config, read_log, run
-from plumbing import UserError
+from errors import UserError
 from prepare import ByteTokenizer
 
 SPACE, A, B = ord(' '), ord('a'), ord('b')

@@ -8,7 +8,7 @@ import pytest
 import plumbing
 import train
 from conftest import TINY, config, interrupt_training
-from plumbing import UserError
+from errors import UserError
 
 wandb = pytest.importorskip('wandb')
 

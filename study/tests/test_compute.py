@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 import bench
-from plumbing import UserError
+from errors import UserError
 from study import compute, compute_budget, pair_ratio, val_at_step
 from study import report as study_report
 from tests.conftest import REPO

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from plumbing import UserError
+from errors import UserError
 from study import plateau, seed_noise
 from tests.conftest import TINY, run
 from tests.test_report import write_jsonl

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from plumbing import UserError
+from errors import UserError
 from study import compute
 from study import report as study_report
 from tests.test_report import TOKENS, damage_logs, make_report, write_run, write_runs
