@@ -22,8 +22,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import plumbing
+import hardware
 import train
+from errors import UserError, one_line_errors
 
 
 class NaiveMoE(train.MoE):
@@ -84,7 +85,7 @@ def read_result(path):
         with open(path) as f:
             return json.loads(f.read().strip().splitlines()[-1])
     except (OSError, ValueError, IndexError) as e:
-        raise plumbing.UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
+        raise UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
                                  'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
 
 
@@ -96,7 +97,7 @@ def read_step_times(path):
         return {'moe': ms['moe'], 'dense_total': ms['dense_total'],
                 'hardware': result.get('hardware'), 'torch': result.get('torch')}
     except (KeyError, TypeError) as e:
-        raise plumbing.UserError(f'{path} has no step times of moe and dense_total ({e!r}); '
+        raise UserError(f'{path} has no step times of moe and dense_total ({e!r}); '
                                  'make it with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE'
                                  ) from None
 
@@ -273,7 +274,7 @@ def time_layer(configs, device, sync, autocast, rounds):
     ms['remainder'] = ms['moe'] - ms['routing'] - ms['dispatch'] - ms['experts']
     c = configs['moe']
     print(f'one FFN layer, forward and backward, {c.batch_size * c.block_size} tokens of width '
-          f'{c.d_model}, {plumbing.hardware_name(device)}: median ms of {rounds * 20}, and each '
+          f'{c.d_model}, {hardware.hardware_name(device)}: median ms of {rounds * 20}, and each '
           'over dense_active\'s')
     for name, v in ms.items():
         print(f'{name:<13} {v:>7.3f} {v / ms["dense_active"]:>6.3f}')
@@ -281,7 +282,7 @@ def time_layer(configs, device, sync, autocast, rounds):
               'not_experts': 1 - ms['experts'] / ms['moe']}
     print(f'of the MoE layer: routing {shares["routing"]:.0%}, dispatch {shares["dispatch"]:.0%}; '
           f'the layer less its experts\' matmuls {shares["not_experts"]:.0%}')
-    print(json.dumps({'hardware': plumbing.hardware_name(device), 'torch': torch.__version__,
+    print(json.dumps({'hardware': hardware.hardware_name(device), 'torch': torch.__version__,
                       'layer_ms': ms, 'layer_shares': shares}))
 
 
@@ -297,24 +298,24 @@ def main(argv):
     ours = ('--steps=', '--rounds=', '--profile=', '--layer=', '--levers=')
     argv = [a for a in argv if not a.startswith(ours)]
     if steps < 1 or rounds < 1 or steps * rounds < 2:
-        raise plumbing.UserError('--steps and --rounds must be >= 1 and time at least 2 steps in '
+        raise UserError('--steps and --rounds must be >= 1 and time at least 2 steps in '
                                  'all (e.g. --steps=10 --rounds=3)')
     unknown = [name for name in levers if name not in LEVERS]
     if unknown:
-        raise plumbing.UserError(f'no lever {unknown[0]!r}; --levers takes a comma-separated list '
+        raise UserError(f'no lever {unknown[0]!r}; --levers takes a comma-separated list '
                                  f'of {", ".join(LEVERS)}')
     configs = build(argv, levers)
     c = configs['moe']
-    device, use_compile, autocast, _ = plumbing.setup_device(c)  # as in training
+    device, use_compile, autocast, _ = train.setup_device(c)  # as in training
     if not use_compile and COMPILE_MODES.keys() & set(levers):
-        raise plumbing.UserError(f'--levers: {", ".join(COMPILE_MODES)} are ways of compiling; '
+        raise UserError(f'--levers: {", ".join(COMPILE_MODES)} are ways of compiling; '
                                  'add --compile=True')
     # a GPU runs asynchronously: wait for it before reading the clock
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device.type,
                                                                              lambda: None)
     if layer:
         if c.compile or profile or levers:  # compile: only if asked for (None: auto)
-            raise plumbing.UserError('--layer times one layer eagerly, on its own: leave out '
+            raise UserError('--layer times one layer eagerly, on its own: leave out '
                                      '--compile, --profile and --levers')
         return time_layer(configs, device, sync, autocast, rounds)
 
@@ -365,7 +366,7 @@ def main(argv):
     tokens = c.batch_size * c.block_size
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     tokens_per_s = {name: tokens / v * 1e3 for name, v in ms.items()}
-    peak = plumbing.peak_flops(device)  # None: no MFU (a CPU, a GPU not in plumbing.PEAK_FLOPS)
+    peak = hardware.peak_flops(device)  # None: no MFU (a CPU, a GPU not in hardware.PEAK_FLOPS)
     mfu = {name: tokens_per_s[name] * train.flops_per_token(cfg) / peak
            for name, cfg in configs.items()} if peak else None
     paired = paired_ratio_quartiles(times['moe'], times['dense_active'])
@@ -387,7 +388,7 @@ def main(argv):
           f'median {per_round["median"]:.3f}, quartiles {per_round["q1"]:.3f} to '
           f'{per_round["q3"]:.3f})')
     result = {'device': device.type, 'compile': use_compile, 'torch': torch.__version__,
-              'hardware': plumbing.hardware_name(device),
+              'hardware': hardware.hardware_name(device),
               'ms_per_step': ms, 'tokens_per_s': tokens_per_s, 'peak_flops': peak, 'mfu': mfu,
               'moe_over_dense_active': ms['moe'] / ms['dense_active'],
               'moe_over_dense_active_quartiles': list(paired),
@@ -406,5 +407,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    with plumbing.one_line_errors('bench.py'):
+    with one_line_errors('bench.py'):
         main(sys.argv[1:])

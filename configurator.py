@@ -4,7 +4,8 @@ overrides (literal_eval, else a plain string), replace the defaults. Unknown key
 are errors that name the closest valid key, so a typo never silently falls back to a default.
 
     c = configure(defaults, ['config/cpu_moe.py', '--seed=2'])  # -> SimpleNamespace
-    check(c)  # train.py's rules across keys (ranges, combinations, the device); names the out_dir
+    check(c)  # train.py's rules across keys (ranges, combinations, the device)
+    run_dir(c)  # out/cpu_moe-s2: where the run's files go, unless out_dir says
 """
 import ast
 import difflib
@@ -39,6 +40,10 @@ def configure(defaults, argv):
                             f'in {where}')
         cfg[key] = value
 
+    for i, arg in enumerate(argv):  # before the files: in `--seed 5`, '5' is no config file
+        if arg.startswith('--') and '=' not in arg:
+            value = argv[i + 1] if i + 1 < len(argv) else 'value'
+            raise UserError(f'override {arg!r} must look like --key=value: {arg}={value}')
     files = [a for a in argv if not a.startswith('--')]
     for path in files:
         if not os.path.isfile(path):
@@ -54,9 +59,7 @@ def configure(defaults, argv):
                 set_key(key, value, path)
     for arg in argv:
         if arg.startswith('--'):
-            key, eq, text = arg[2:].partition('=')
-            if not eq:
-                raise UserError(f'override {arg!r} must look like --key=value')
+            key, _, text = arg[2:].partition('=')
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
@@ -75,13 +78,16 @@ NOT_NEGATIVE = ('seed', 'data_seed',  # numpy's generator takes seed 0, no negat
                 'bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult', 'warmup_iters')
 
 
-def check(c):
-    """The rules of train.py's config that no single value's type can say; also names the run's
-    out_dir."""
-    run_name = f'{c.config_name}-s{c.seed}'
+def run_dir(c):
+    """out/{config_name}-s{seed}[-d{data_seed}]: seeds never overwrite each other."""
+    name = f'{c.config_name}-s{c.seed}'
     if c.data_seed:
-        run_name += f'-d{c.data_seed}'
-    c.out_dir = c.out_dir or os.path.join('out', run_name)
+        name += f'-d{c.data_seed}'
+    return os.path.join('out', name)
+
+
+def check(c):
+    """The rules of train.py's config that no single value's type can say."""
     choices = (('ffn', ('dense', 'moe')), ('match', ('', 'active', 'total')),
                ('dtype', ('auto', 'float32', 'bfloat16', 'float16')))
     for key, allowed in choices:

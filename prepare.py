@@ -232,52 +232,6 @@ def already_prepared(out_dir, run_args):
         return False
 
 
-def bin_problem(path, n_tokens, vocab_size):
-    """What is wrong with a .bin file that meta.json says holds n_tokens tokens, or None."""
-    size = os.path.getsize(path)
-    if size != 2 * n_tokens:
-        return f"has {size} bytes but meta.json says {n_tokens} uint16 tokens: truncated or corrupt"
-    top = int(np.memmap(path, dtype=np.uint16, mode="r").max())
-    # an out-of-vocab id would crash the run midway (on CUDA: a device-side assert)
-    if top >= vocab_size:
-        return f"holds token id {top} >= vocab_size {vocab_size}: it does not match its meta.json"
-    return None
-
-
-def check_prepared(out_dir, vocab_size, block_size):
-    """For train.py: the meta.json of the data in out_dir, after checking its files against a run's
-    vocab_size and block_size. Raises UserError naming the first problem and the fix."""
-    path = {name: os.path.join(out_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
-    prep = f"python prepare.py --out_dir {out_dir}"
-    tokenizer = ""  # GPT-2 BPE: prepare.py's default, the paper's data
-    if vocab_size == 257:  # the bytes tokenizer: the CPU recipe's data
-        prep += " --hf_stories 5510"
-        tokenizer = " --tokenizer bytes"
-    prep += tokenizer
-    missing = [p for p in path.values() if not os.path.isfile(p)]
-    if missing:
-        raise UserError(f"{missing[0]} not found; prepare the data first: {prep} "
-                        f"(or --input FILE{tokenizer} for a local TinyStories text file)")
-    try:
-        meta = json.load(open(path["meta.json"]))
-        counts = {split: meta[f"{split}_tokens"] for split in ("train", "val")}
-        data_vocab = meta["vocab_size"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path['meta.json']} is corrupt ({e!r}); rerun {prep} --force")
-    if data_vocab != vocab_size:
-        raise UserError(f"the data in {out_dir} has vocab_size {data_vocab} "
-                        f"({meta.get('tokenizer')} tokenizer) but the config says {vocab_size}: "
-                        "use a config made for this data (cpu_* for bytes) or set vocab_size")
-    for split, n in counts.items():
-        if n < block_size + 1:
-            raise UserError(f"{split} split has {n} tokens, "
-                            f"fewer than block_size + 1 = {block_size + 1}")
-        problem = bin_problem(path[f"{split}.bin"], n, vocab_size)
-        if problem:
-            raise UserError(f"{path[f'{split}.bin']} {problem}; rerun {prep} --force")
-    return meta
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--input",

@@ -1,18 +1,21 @@
 """
-tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories, in one file.
+tinymoe: dense vs Mixtral-style MoE LLaMA decoders on TinyStories; the whole method, in one file.
 
     python train.py config/moe.py --seed=1                       # train; the defaults: paper recipe
     python train.py config/dense_total.py --print_params=True    # parameter table, touches no data
     python train.py config/moe.py --seed=1 --resume=True         # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 train.py config/moe.py --grad_accum=4 --batch_size=32
 
-Read top to bottom: config -> model -> parameter accounting -> data -> training loop. The paper's
-three configs differ only in the FFN. Errors, device, files and checkpoints: plumbing.py.
+Top to bottom: config, model, parameter accounting, data, device and precision, training. The
+paper's three configs differ only in the FFN. runs.py keeps the run's files and checkpoints.
 """
+import importlib.util
+import json
 import math
 import os
 import sys
-from contextlib import nullcontext
+import time
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -22,9 +25,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import configurator
-import plumbing
-from plumbing import UserError, copy_rows, routing_row, routing_stats, unpack_routing, weighted_sum
-from prepare import check_prepared
+import runs
+from errors import UserError, one_line_errors
 
 # ----------------------------------------------------------------------------- config
 # '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
@@ -49,7 +51,7 @@ ffn = 'moe'               # 'dense' (SwiGLU) | 'moe' (routed SwiGLU experts)
 ffn_hidden = 0            # dense hidden width; with match set it is solved for
 ffn_multiple_of = 32      # solved dense widths are multiples of this (GPU-friendly shapes)
 n_experts = 4
-top_k = 2                 # experts per token; their routing weights are renormalised to sum to 1
+top_k = 2                 # experts per token; above 1 their weights are renormalised to sum to 1
 moe_hidden = 1632         # hidden width of each expert
 aux_loss_coef = 0.01      # Switch load-balancing loss weight (0 turns it off)
 z_loss_coef = 0.001       # router z-loss weight (0 turns it off)
@@ -63,7 +65,7 @@ match = ''                # dense only: 'active' | 'total' = size ffn_hidden to 
 match_tol = 0.01          # largest allowed relative param mismatch of a matched dense model
 # optimisation: 426.3M tokens in 6,505 steps of 64Ki (routers need many steps, not big batches)
 batch_size = 128          # sequences per micro-batch
-grad_accum = 1            # micro-batches per step, all processes together (nanoGPT: per process)
+grad_accum = 1            # micro-batches per step, all processes together (as in nanoGPT)
 max_tokens = 426_300_000  # token budget; iterations = max_tokens / tokens per step, rounded up
 max_iters = 0             # if > 0, overrides max_tokens
 learning_rate = 2e-3
@@ -91,12 +93,15 @@ compile = None            # torch.compile; None -> on for CUDA, off for CPU
 
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))}
+# not a config key: the tests set it to run the GPU's grouped_mm on a CPU (the loop is faster)
+GROUPED_MM_ON_CPU = False
 
 
 def configure(argv):
     """The defaults above, then config files and --key=value overrides (configurator.py)."""
     c = configurator.configure(dict(DEFAULTS), argv)
     configurator.check(c)
+    c.out_dir = c.out_dir or configurator.run_dir(c)
     if c.ffn == 'dense' and c.match:
         c.ffn_hidden = solve_ffn_hidden(c)
     return c
@@ -110,8 +115,7 @@ def linear(d_in, d_out, std):
 
 
 def rope_cache(head_dim, length, theta):
-    """cos/sin in Llama's rotate-half layout (dimension i pairs with i + head_dim/2), so that the
-    export to transformers is a rename, with no permutation of q and k."""
+    """cos/sin in Llama's rotate-half layout: exporting to transformers permutes no q or k."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.outer(torch.arange(length).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)  # (length, head_dim)
@@ -140,9 +144,8 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """The dense FFN: down(silu(gate(x)) * up(x)), as in LLaMA (gate_proj, up_proj, down_proj), and
-    each MoE expert's. `gate` is only ever this projection: what the router gives an expert is its
-    routing weight. Returns (y, None): no aux, where the MoE returns (y, aux)."""
+    """The dense FFN and each expert's: down(silu(gate(x)) * up(x)), as in LLaMA. Returns
+    (y, None): no aux, where the MoE returns (y, aux)."""
 
     def __init__(self, d_model, hidden, resid_std):
         super().__init__()
@@ -155,14 +158,10 @@ class SwiGLU(nn.Module):
 
 
 def group_by_expert(experts, n_experts):
-    """The routing's assignments (one per token and chosen expert) grouped by expert, keeping their
-    order within an expert. experts: each assignment's expert. -> order: the assignment in each
-    grouped slot; slot: each assignment's slot; counts: assignments per expert. order and slot are
-    inverse permutations: order[slot[a]] = a.
-
-    The same as order = experts.argsort(stable=True) and counts = experts.bincount(n_experts), but
-    written as a running count, which torch.compile keeps in one graph. Three tokens, top-2, three
-    experts: six assignments, experts = [2, 0, 2, 1, 2, 0] (the first choices, then the second):
+    """The assignments grouped by expert, in order within each. experts: each assignment's
+    expert. -> order: the assignment in each slot; slot: each assignment's slot (order[slot[a]]
+    = a); counts: assignments per expert. experts.argsort(stable=True) and bincount, as a running
+    count that torch.compile keeps in one graph. Three tokens, top-2, three experts:
 
         is_expert  0 1 0 0 0 1    running  0 1 1 1 1 2    one count: along expert 0's row,
                    0 0 0 1 0 0             2 2 2 3 3 3    then on along expert 1's, and so on
@@ -182,24 +181,53 @@ def group_by_expert(experts, n_experts):
     return order, slot, counts
 
 
-grouped_mm_on_cpu = False  # True: the GPU's grouped_mm on a CPU too (tests; the loop is faster)
+class CopyRows(torch.autograd.Function):
+    """CopyRows.apply(x, rows, bags) = x[rows], each token's row copied to its k slots; bags
+    (len(x), k) lists them. x[rows]'s backward scatter-adds copy by copy: this one sums each
+    token's bag in one pass (embedding_bag)."""
+
+    @staticmethod
+    def forward(ctx, x, rows, bags):
+        ctx.save_for_backward(bags)
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        bags, = ctx.saved_tensors
+        return F.embedding_bag(bags, grad, mode='sum'), None, None
+
+
+class WeightedSum(torch.autograd.Function):
+    """WeightedSum.apply(ys, weights, bags, rows)[t] = sum_c weights[t, c] * ys[bags[t, c]]:
+    each token's k expert outputs, weighted. rows[s]: the token whose bag holds row s. One
+    embedding_bag; its backward is a gather, where embedding_bag's own would scatter-add."""
+
+    @staticmethod
+    def forward(ctx, ys, weights, bags, rows):
+        ctx.save_for_backward(ys, weights, bags, rows)
+        return F.embedding_bag(bags, ys, per_sample_weights=weights, mode='sum')
+
+    @staticmethod
+    def backward(ctx, grad):
+        ys, weights, bags, rows = ctx.saved_tensors
+        grad_rows = grad.index_select(0, rows)  # row s: the gradient of the output it went to
+        row_weights = weights.new_empty(len(rows)).scatter_(0, bags.flatten(), weights.flatten())
+        grad_ys = grad_rows * row_weights[:, None]
+        grad_weights = (grad_rows * ys).sum(dim=1)[bags]  # d y[t] / d weights[t, c]
+        return grad_ys, grad_weights, None, None
 
 
 def grouped_mm_ok(x, hidden):
-    """F.grouped_mm (torch >= 2.8) wants bf16 and rows aligned to 16 bytes; it runs on a CUDA GPU,
-    or on the CPU if grouped_mm_on_cpu."""
+    """F.grouped_mm (torch >= 2.8): bf16, rows of 16 bytes, CUDA (or GROUPED_MM_ON_CPU)."""
     aligned = x.shape[-1] % 8 == 0 and hidden % 8 == 0
-    where = x.is_cuda or (x.is_cpu and grouped_mm_on_cpu)
+    where = x.is_cuda or (x.is_cpu and GROUPED_MM_ON_CPU)
     return where and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
 
 
 class MoE(nn.Module):
-    """Mixtral-style routed SwiGLU experts, dropless: every token goes to each of its top_k experts.
-    Returns (y, aux): aux holds this layer's load-balancing loss, z-loss and routing row.
-
-    An assignment is one (token, expert) pair; a layer has k * N of them for N tokens, numbered
-    choice-major: assignment a sends token a % N to its (a // N)-th choice. Assignments 0 to N - 1
-    are the tokens' first choices, N to 2N - 1 their second ones, and so on."""
+    """Mixtral-style routed SwiGLU experts, dropless: each token goes to all its top_k experts.
+    An assignment is one (token, expert) pair, k * N of them for N tokens, choice-major:
+    assignment a sends token a % N to its (a // N)-th choice. Returns (y, aux)."""
 
     def __init__(self, c, resid_std):
         super().__init__()
@@ -224,22 +252,6 @@ class MoE(nn.Module):
             y = y + shared_y
         return y.view(shape), self.aux(probs, log_z, counts)
 
-    def aux(self, probs, log_z, counts):
-        """The layer's aux losses and routing row, from route's probs, log_z and rows per expert."""
-        E, N = probs.shape
-        load = counts.float() / (N * self.top_k)  # f_i: the share of the assignments to expert i
-        # Switch load balancing, E * sum_i f_i * P_i (P_i: the mean router probability of expert i,
-        # over the tokens): 1 when balanced; E when one expert gets every token (at top-1). f_i is
-        # counted, with no gradient: only P_i trains the router through this loss
-        lb = E * (load * probs.mean(dim=1)).sum()
-        z = log_z.square().mean()  # the z-loss keeps the router's logits small
-        # routing health, for the logs: plumbing.routing_stats makes busiest_frac & co. of the row
-        with torch.no_grad():
-            # how sure the router is: each token's entropy over the experts, averaged; <= ln(E)
-            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()
-            routing = routing_row(load, entropy, log_z.mean())
-        return {'lb': lb, 'z': z, 'routing': routing}
-
     def route(self, x):
         """Each token's top_k experts and their routing weights. For N tokens, E experts, k top_k:
 
@@ -249,11 +261,9 @@ class MoE(nn.Module):
             weights  (k * N,)  each assignment's routing weight, choice-major (a = choice * N + t)
             experts  (k * N,)  each assignment's expert, choice-major
 
-        Experts first, (E, N), where Mixtral's code in transformers has (N, E): reductions over
-        the experts then run along rows (10x faster on a CPU), and each `dim` below is the other
-        one of theirs: dim 0 is the experts, dim 1 the tokens."""
+        Experts first (Mixtral's code: (N, E)): dim 0 is the experts, 10x faster on a CPU."""
         k = self.top_k
-        # the router in fp32 even under autocast, as Switch Transformer's "selective precision"
+        # the router in fp32 even under autocast: Switch Transformer's "selective precision"
         with torch.autocast(x.device.type, enabled=False):
             logits = self.router.weight.float() @ x.float().t()  # (E, N)
         log_z = logits.logsumexp(dim=0)
@@ -263,36 +273,24 @@ class MoE(nn.Module):
             scores = probs + self.bias[:, None]
         experts = scores.topk(k, dim=0).indices  # (k, N): row c holds each token's c-th choice
         weights = probs.gather(0, experts)  # (k, N): their routing weights
-        # Mixtral renormalises. At top-1 that would make every weight 1 and leave the router no
-        # gradient from the loss, so top-1 keeps the probability (Switch)
+        # Mixtral renormalises. At top-1 every weight would be 1, leaving the router no gradient
+        # from the loss, so top-1 keeps the probability (Switch)
         if k > 1:
             weights = weights / weights.sum(dim=0)
         # flattened row after row, the (k, N) tables become choice-major: a = c * N + t
         return probs, log_z, weights.flatten(), experts.flatten()
 
     def dispatch(self, x, weights, experts):
-        """Dropless dispatch: each expert runs once, on the rows routed to it, grouped together.
-        weights, experts: per assignment, choice-major (assignment a is token a % N's (a // N)-th
-        choice). -> (y: each token's k expert outputs, weighted and summed; counts: rows per
-        expert). tests/test_model.py's reference_dispatch computes the same as a plain loop."""
+        """Each expert runs once, on its rows grouped together. -> (y: each token's k outputs,
+        weighted and summed; counts: rows per expert). The tests' reference_dispatch: a loop."""
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
         tokens = order % N  # slot s gets token tokens[s]'s row, for expert experts[order[s]]
         slots = slot.view(k, N).t().contiguous()  # token t's k slots: (N, k), copied once, read 3x
         weights = weights.view(k, N).t()  # and their routing weights, the same way
-        # copy_rows(x, tokens, slots) is x[tokens]; weighted_sum(ys, weights, slots, tokens)[t] is
-        # sum_c weights[t, c] * ys[slots[t, c]]: each with a faster backward (plumbing.py)
-        ys = self.run_experts(copy_rows(x, tokens, slots), counts)
-        y = weighted_sum(ys.float(), weights, slots, tokens)  # in fp32, also under autocast
+        ys = self.run_experts(CopyRows.apply(x, tokens, slots), counts)
+        y = WeightedSum.apply(ys.float(), weights, slots, tokens)  # in fp32, also under autocast
         return y.to(x.dtype), counts
-
-    @torch.no_grad()
-    def update_bias(self, routing):
-        """Aux-loss-free balancing (DeepSeek-V3), after an optimizer step: each expert's selection
-        bias moves by bias_rate towards equal load (down if it got more than 1/E of the
-        assignments, up if less). routing: this layer's routing row of the last micro-batch."""
-        load, _, _ = unpack_routing(routing)
-        self.bias += self.bias_rate * (1 / self.n_experts - load).sign()
 
     def run_experts(self, xs, counts):
         """Each expert's SwiGLU on its rows of xs, grouped by expert (counts[e] rows for e)."""
@@ -311,10 +309,55 @@ class MoE(nn.Module):
         return torch.cat([(F.silu(xe @ gate[e]) * (xe @ up[e])) @ down[e]
                           for e, xe in enumerate(rows)])
 
+    def aux(self, probs, log_z, counts):
+        """The aux losses, the rows per expert and the routing row (for the logs)."""
+        E, N = probs.shape
+        load = counts.float() / (N * self.top_k)  # f_i: the share of the assignments to expert i
+        # Switch: E * sum_i f_i * P_i, P_i expert i's mean probability. 1 when balanced, E when
+        # collapsed at top-1. f_i is counted (no gradient): the router trains through P_i
+        lb = E * (load * probs.mean(dim=1)).sum()
+        z = log_z.square().mean()  # the z-loss keeps the router's logits small
+        with torch.no_grad():
+            # how sure the router is: each token's entropy over the experts, averaged; <= ln(E)
+            entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=0).mean()
+            routing = routing_row(load, entropy, log_z.mean())
+        return {'lb': lb, 'z': z, 'counts': counts, 'routing': routing}
+
+    @torch.no_grad()
+    def update_bias(self, counts):
+        """Aux-loss-free balancing (DeepSeek-V3): after a step, each bias moves bias_rate down
+        if its expert got over 1/E of the step's assignments, up if under. In integers: exact."""
+        self.bias += self.bias_rate * (counts.sum() - self.n_experts * counts).sign()
+
 
 # run_experts' loop needs the rows per expert as Python ints (counts.tolist()). This lets
 # torch.compile keep them as symbols instead of breaking the graph there: one graph per step
 torch._dynamo.config.capture_scalar_outputs = True
+
+
+# A layer's routing statistics travel as one row, [load_0 .. load_E-1, entropy, log_z]: one host
+# sync to log them, one op to average them over batches, layers or processes
+def routing_row(load, entropy, log_z):
+    return torch.cat([load, entropy.view(1), log_z.view(1)])
+
+
+def unpack_routing(rows):
+    """routing_row's inverse, for one row or a stack of them: -> load, entropy, log_z."""
+    return rows[..., :-2], rows[..., -2], rows[..., -1]
+
+
+def routing_record(rows):
+    """A log record's routing fields from a routing row per layer: per layer and their mean.
+    busiest_frac = max_i load_i, the collapse metric: 1/n_experts balanced, 1/top_k collapsed."""
+    load, entropy, log_z = unpack_routing(rows.cpu())  # one host sync
+    layers = [{'load': layer_load.tolist(), 'busiest_frac': layer_load.max().item(),
+               'usage_var': layer_load.var(unbiased=False).item(),
+               'router_entropy': layer_entropy.item(), 'log_z': layer_log_z.item()}
+              for layer_load, layer_entropy, layer_log_z in zip(load, entropy, log_z)]
+    mean = {key: sum(layer[key] for layer in layers) / len(layers)
+            for key in ('busiest_frac', 'usage_var', 'router_entropy', 'log_z')}
+    # dropped_frac: the share of assignments no expert ran; the dispatch is dropless
+    return {'load': load.mean(dim=0).tolist(), **mean, 'dropped_frac': 0.0, 'layers': layers}
 
 
 class Block(nn.Module):
@@ -366,22 +409,23 @@ class Transformer(nn.Module):
         return None, ce, merge_aux(layers)
 
 
-# the auxiliary losses each MoE layer returns in its aux dict: averaged over the layers, weighed
-# into the training loss (training_loss) and logged by these names. A new one: add it here too
+# the aux losses each MoE layer returns: averaged over the layers, weighed into the training loss
+# and logged by these names. A new one goes here too
 AUX_LOSSES = ('lb', 'z')
 
 
 def merge_aux(layers):
-    """The MoE layers' aux dicts -> the model's ({} for a dense model): each of AUX_LOSSES averaged
-    over the layers, 'routing' (a routing row per layer) and the dicts themselves under 'layers'."""
+    """The MoE layers' aux -> the model's ({} if dense): AUX_LOSSES averaged, a row per layer of
+    counts and routing, and the layers' own under 'layers'."""
     if not layers:
         return {}
     merged = {key: torch.stack([a[key] for a in layers]).mean() for key in AUX_LOSSES}
-    return {**merged, 'routing': torch.stack([a['routing'] for a in layers]), 'layers': layers}
+    stacked = {key: torch.stack([a[key] for a in layers]) for key in ('counts', 'routing')}
+    return {**merged, **stacked, 'layers': layers}
 
 
 def training_loss(ce, aux, c):
-    """CE plus the routers' auxiliary losses (mean over MoE layers). Validation reports CE alone."""
+    """CE plus the routers' aux losses (means over MoE layers). Validation reports CE alone."""
     if not aux:
         return ce
     return ce + c.aux_loss_coef * aux['lb'] + c.z_loss_coef * aux['z']
@@ -389,9 +433,8 @@ def training_loss(ce, aux, c):
 
 # ----------------------------------------------------------------------------- parameter accounting
 def count_params(c, ffn=None):
-    """Exact counts from the config alone, for its own FFN or for ffn = 'moe' | 'dense'. A dense
-    config matched to an MoE holds that MoE's sizes (n_experts, top_k, moe_hidden, ...): ffn='moe'
-    counts the MoE it is matched to. active = total minus the experts a token does not use."""
+    """Exact counts from the config, for its FFN or ffn = 'moe' | 'dense' (a matched dense
+    config holds its MoE's keys). active: total less the experts a token does not use."""
     d, L, V = c.d_model, c.n_layer, c.vocab_size
     n = {'embedding': V * d, 'lm_head': 0 if c.tie_embeddings else V * d,
          'attention': L * 4 * d * d, 'norms': (2 * L + 1) * d}
@@ -409,14 +452,11 @@ def count_params(c, ffn=None):
 
 
 def solve_ffn_hidden(c):
-    """The dense width whose params are closest to the MoE's active or total ones (c.match): the
-    closest multiple of ffn_multiple_of (GPU-friendly shapes) if it is within match_tol, else the
-    closest width of all. At cpu_moe's layout the routers round away: 176 and 352, 2x and 4x
-    moe_hidden, the routers' params short of the target (--print_params shows both)."""
+    """The dense width closest to the MoE's active or total params (c.match): a multiple of
+    ffn_multiple_of within match_tol, else any width. At cpu_moe's: 176 and 352."""
     target = count_params(c, ffn='moe')[c.match]
     dense = count_params(c, ffn='dense')
-    # rest: the embedding, attention and norms, the same in the dense model and the MoE
-    rest = dense['total'] - dense['ffn']
+    rest = dense['total'] - dense['ffn']  # embedding, attention, norms: as in the MoE
     per_unit = 3 * c.d_model * c.n_layer  # gate, up and down grow by d_model each, in every layer
     for m in (c.ffn_multiple_of, 1):
         hidden = max(m, round((target - rest) / per_unit / m) * m)
@@ -429,21 +469,89 @@ def solve_ffn_hidden(c):
 
 
 def flops_per_token(c):
-    """Training FLOPs per token, forward and backward: 6 per active matmul parameter (the output
-    layer's included, the embedding lookup's not) plus causal attention, 6 * n_layer * block_size *
-    d_model (scores and values over half the T x T square). train.py logs, bench.py and the GPU
-    check all count with this."""
+    """Training FLOPs per token: 6 per active matmul param (the output layer's, not the lookup's)
+    plus causal attention's 6 * n_layer * block_size * d_model (half the T x T square)."""
     n = count_params(c)
     head = c.vocab_size * c.d_model  # the output layer, tied to the embedding or not
     matmul = n['active'] - n['norms'] - n['embedding'] - n['lm_head'] + head
     return 6 * matmul + 6 * c.n_layer * c.block_size * c.d_model
 
 
+def moe_layout(c):
+    """The MoE a config describes (or a dense config is matched to), in words."""
+    layout = f'{c.n_experts} experts x {c.moe_hidden}, top-{c.top_k}'
+    if c.shared_hidden:
+        layout += f', shared expert {c.shared_hidden}'
+    return layout
+
+
+def print_param_table(c):
+    """--print_params: counts, FLOPs per token, a matched model's target; then one JSON line."""
+    n, flops = count_params(c), flops_per_token(c)
+    what = f'moe: {moe_layout(c)}'
+    summary = {**n, 'moe_hidden': c.moe_hidden, 'flops_per_token': flops}
+    if c.ffn == 'dense':
+        what = f'dense: ffn_hidden {c.ffn_hidden}'
+        summary = {**n, 'ffn_hidden': c.ffn_hidden, 'flops_per_token': flops}
+    if c.match:
+        what += f' (matched to the {c.match} params of the MoE {moe_layout(c)})'
+    print(f'{c.config_name} | d_model {c.d_model}, {c.n_layer} layers, {c.n_head} heads, '
+          f'vocab {c.vocab_size} | {what}')
+    for key in ('embedding', 'lm_head', 'attention', 'ffn', 'router', 'norms', 'total', 'active'):
+        print(f'  {key:<10} {n[key]:>12,}  ({n[key] / 1e6:.3f}M)')
+    print(f'  training FLOPs per token: {flops:,} ({flops / 1e6:.3f}M)')
+    if c.match:
+        target = count_params(c, ffn='moe')[c.match]
+        error = (n['total'] - target) / target
+        summary.update(match=c.match, match_target=target, match_error=error)
+        print(f'  matched to MoE {c.match} = {target:,}: off by {error:+.3%}')
+    print(json.dumps(summary))
+
+
 # ----------------------------------------------------------------------------- data
+def check_prepared(c):
+    """data_dir's meta.json, its files checked against the config before the run starts."""
+    path = {name: os.path.join(c.data_dir, name) for name in ('train.bin', 'val.bin', 'meta.json')}
+    tokenizer, stories = '', ''  # GPT-2 BPE, all of TinyStories: the paper's data
+    if c.vocab_size == 257:  # bytes of 5,510 stories: the CPU recipe's
+        tokenizer, stories = ' --tokenizer bytes', ' --hf_stories 5510'
+    prep = f'python prepare.py --out_dir {c.data_dir}{stories}{tokenizer}'
+    missing = [p for p in path.values() if not os.path.isfile(p)]
+    if missing:
+        raise UserError(f'{missing[0]} not found; prepare the data first: {prep} (or --input '
+                        f'FILE{tokenizer} for a local TinyStories text file)')
+    try:
+        meta = json.load(open(path['meta.json']))
+        tokens = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}
+        data_vocab = meta['vocab_size']
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path['meta.json']} is corrupt ({e!r}); rerun {prep} --force")
+    if data_vocab != c.vocab_size:
+        raise UserError(f'the data in {c.data_dir} has vocab_size {data_vocab} '
+                        f'({meta.get("tokenizer")} tokenizer) but the config says {c.vocab_size}: '
+                        'use a config made for this data (cpu_* for bytes) or set vocab_size')
+    fix = f'rerun {prep} --force'
+    for split, n in tokens.items():
+        bin_path = path[f'{split}.bin']
+        if n < c.block_size + 1:
+            raise UserError(f'{split} split has {n} tokens, fewer than block_size + 1 = '
+                            f'{c.block_size + 1}')
+        size = os.path.getsize(bin_path)
+        if size != 2 * n:
+            raise UserError(f'{bin_path} has {size} bytes but meta.json says {n} uint16 tokens: '
+                            f'truncated or corrupt; {fix}')
+        # an out-of-vocab id would crash the run midway (on CUDA: a device-side assert)
+        top = int(np.memmap(bin_path, dtype=np.uint16, mode='r').max())
+        if top >= c.vocab_size:
+            raise UserError(f'{bin_path} holds token id {top} >= vocab_size {c.vocab_size}: it '
+                            f'does not match its meta.json; {fix}')
+    return meta
+
+
 def load_data(c):
-    """The prepared data's meta (checked against the config) and the fixed validation windows:
-    evenly spaced over the whole split, the same for every config and seed."""
-    meta = check_prepared(c.data_dir, c.vocab_size, c.block_size)
+    """meta.json and the fixed validation windows: evenly spaced over the split, the same for
+    every config and seed."""
+    meta = check_prepared(c)
     val = np.memmap(os.path.join(c.data_dir, 'val.bin'), dtype=np.uint16, mode='r')
     n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
     starts = np.linspace(0, len(val) - c.block_size - 1, n).round().astype(np.int64)
@@ -452,26 +560,80 @@ def load_data(c):
 
 
 def get_batch(c, step, device):
-    """All windows of one optimizer step, from (data seed, step) alone: the same data order for
-    every config of a seed, and a resumed run needs nothing but the step number."""
+    """A step's windows from (data seed, step) alone: one data order for every config of a
+    seed, and a resumed run needs only the step."""
     # a fresh memmap per batch: a long-lived one grows resident memory (nanoGPT's workaround)
     data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')
     rng = np.random.default_rng([c.data_seed or c.seed, step])
     starts = rng.integers(0, len(data) - c.block_size, size=c.batch_size * c.grad_accum)
     windows = np.stack([data[s:s + c.block_size + 1] for s in starts]).astype(np.int64)
-    windows = plumbing.to_device(torch.from_numpy(windows), device)
+    windows = torch.from_numpy(windows)
+    if device.type == 'cuda':  # through pinned memory, without waiting for the copy
+        windows = windows.pin_memory().to(device, non_blocking=True)
     return windows[:, :-1], windows[:, 1:]
+
+
+# ----------------------------------------------------------------------------- device and precision
+def pick_device(c):
+    """device = 'auto': a CUDA GPU, else Apple's MPS, else the CPU."""
+    if c.device != 'auto':
+        return torch.device(c.device)
+    if torch.cuda.is_available():
+        return torch.device('cuda')
+    return torch.device('mps' if torch.backends.mps.is_available() else 'cpu')
+
+
+def pick_dtype(c, device):
+    """dtype = 'auto': bf16 on GPUs with bf16 tensor cores (compute capability 8+: A100, H100),
+    fp16 with a GradScaler on older ones (V100, T4); fp32 on a CPU (bf16 is slow there), MPS."""
+    if c.dtype != 'auto':
+        return c.dtype
+    if device.type != 'cuda':
+        return 'float32'
+    major, _ = torch.cuda.get_device_capability(device)
+    return 'bfloat16' if major >= 8 else 'float16'
+
+
+def compile_problem(device):
+    """Why torch.compile cannot train on this device, or None."""
+    if device.type == 'mps':
+        return "torch.compile does not support Apple's MPS well enough to train"
+    if device.type == 'cuda' and importlib.util.find_spec('triton') is None:
+        return 'torch.compile needs Triton on a CUDA GPU, and it is not installed'
+    return None
+
+
+def setup_device(c):
+    """-> (device, compile?, autocast, scaler). compile None: on for CUDA; off, saying why, where
+    it cannot work. The scaler works in fp16 only."""
+    device = pick_device(c)
+    if device.type == 'cuda' and 'LOCAL_RANK' in os.environ:  # torchrun: one GPU per process
+        device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
+        torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dtype = pick_dtype(c, device)
+    autocast = nullcontext()
+    if dtype != 'float32':
+        autocast = torch.autocast(device.type, dtype=getattr(torch, dtype))
+    # fp16 gradients can underflow: the scaler scales the loss up and skips a step on inf or nan
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == 'float16')
+    use_compile = device.type == 'cuda' if c.compile is None else c.compile
+    problem = compile_problem(device)
+    if use_compile and problem:
+        print(f'compile is off: {problem}')
+        use_compile = False
+    return device, use_compile, autocast, scaler
 
 
 # ----------------------------------------------------------------------------- training
 @torch.no_grad()
 def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
-    """Mean CE over the fixed validation windows and (MoE) the routing statistics over all of them.
-    Under DDP each process takes every world-th batch and the sums are all-reduced."""
+    """Mean CE over the validation windows and (MoE) their routing. Under DDP each process
+    takes every world-th batch, and the sums are all-reduced."""
     model.eval()
     sum_dtype = torch.float32 if device.type == 'mps' else torch.float64  # MPS has no fp64
     total = torch.zeros((), dtype=sum_dtype, device=device)
-    # a routing row per layer (routing_row's), in full: a process with no batch still all-reduces
+    # a routing row per layer (E loads, entropy, log_z): a process with no batch all-reduces too
     routing = torch.zeros(c.n_layer, c.n_experts + 2, device=device)
     for batch in val_windows.split(c.batch_size)[rank::world]:
         batch = batch.to(device)
@@ -487,12 +649,11 @@ def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
     val_loss = total.item() / len(val_windows)
     if c.ffn != 'moe':
         return val_loss, {}
-    return val_loss, routing_stats(routing / len(val_windows))
+    return val_loss, routing_record(routing / len(val_windows))
 
 
 def param_groups(model, c):
-    """AdamW's groups: matrices decayed, norm gains not; the routers with their own learning rate
-    and decay."""
+    """AdamW's groups: matrices decayed, norm gains not; routers with their own lr and decay."""
     routers = [p for name, p in model.named_parameters() if name.endswith('router.weight')]
     router_ids = {id(p) for p in routers}  # by identity: `p in routers` would compare values
     rest = [p for p in model.parameters() if id(p) not in router_ids]
@@ -517,17 +678,62 @@ def lr_at(it, c, iters):
     return c.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (c.learning_rate - c.min_lr)
 
 
-def loss_terms(loss, ce, aux):
-    """The losses a training line logs, as one tensor: (loss, ce), then AUX_LOSSES for an MoE."""
-    terms = [loss, ce]
-    if aux:
-        terms += [aux[key] for key in AUX_LOSSES]
-    return torch.stack(terms).detach()
+def so_far(it, c):
+    """Every log line's start: steps, tokens, FLOPs."""
+    tokens = it * c.batch_size * c.grad_accum * c.block_size
+    return {'iter': it, 'tokens': tokens, 'flops': tokens * flops_per_token(c)}
+
+
+class Meter:
+    """A training line's figures since the last: each loss's mean over the micro-batches (summed
+    on the device: no host sync), the first step whose loss was not finite, and tokens/s."""
+
+    def __init__(self, c, start, iters, device, world):
+        self.c, self.iters, self.world = c, iters, world
+        self.names = ('loss', 'ce', *AUX_LOSSES)  # a dense model's terms are the first two
+        self.sums, self.n = 0, 0
+        self.first_bad = torch.tensor(iters, device=device)  # iters: none yet
+        self.last, self.t_last = start, time.time()  # where the line started
+
+    def add(self, it, loss, ce, aux):
+        terms = [loss, ce]
+        if aux:
+            terms += [aux[key] for key in AUX_LOSSES]
+        self.sums, self.n = self.sums + torch.stack(terms).detach(), self.n + 1
+        this_step = torch.where(loss.isfinite(), self.iters, it)  # iters where finite, else it
+        self.first_bad = torch.minimum(self.first_bad, this_step)
+
+    @contextmanager
+    def paused(self):
+        t = time.time()
+        yield
+        self.t_last += time.time() - t
+
+    def line(self, done, last_saved):
+        """The record after `done` steps, averaged over processes. Stops on a loss that was not
+        finite, before anything is saved from it (last_saved: latest.pt's iter, or None)."""
+        if self.world > 1:  # the earliest bad step of any process
+            dist.all_reduce(self.first_bad, op=dist.ReduceOp.MIN)
+        bad = self.first_bad.item()
+        if bad < self.iters:
+            have = 'none yet'
+            if last_saved is not None:
+                have = f'{self.c.out_dir}/latest.pt (iter {last_saved}), and best.pt'
+            raise UserError(f'the loss is not finite (nan or inf) at iter {bad + 1}; stopped '
+                            f'before saving from it. Last good checkpoint: {have}. Try a lower '
+                            'learning_rate')
+        means = runs.mean_over_processes(self.sums / self.n, self.world)
+        now = time.time()
+        tok_per_s = (done - self.last) * self.c.batch_size * self.c.grad_accum \
+            * self.c.block_size / (now - self.t_last)
+        self.sums, self.n, self.last, self.t_last = 0, 0, done, now
+        return {**so_far(done, self.c), **dict(zip(self.names, means.tolist())),
+                'tok_per_s': tok_per_s}
 
 
 def build(c, device, use_compile, ddp):
-    """-> (model, optimizer, step_model, train_model): the model, the same in every process (one
-    seed); AdamW; the model evaluation calls, compiled if use_compile; for training, DDP's wrap."""
+    """-> (model, optimizer, eval_model, train_model): the model (one seed: the same in every
+    process), AdamW, what evaluation calls (compiled?) and what steps call (DDP's wrap of it)."""
     torch.manual_seed(c.seed)
     model = Transformer(c).to(device)
     counted, has = count_params(c)['total'], sum(p.numel() for p in model.parameters())
@@ -535,50 +741,54 @@ def build(c, device, use_compile, ddp):
                             'count a new parameter in count_params too')
     optimizer = torch.optim.AdamW(param_groups(model, c), lr=c.learning_rate,
                                   betas=(c.beta1, c.beta2), fused=device.type == 'cuda')
-    step_model = torch.compile(model) if use_compile else model
-    train_model = DistributedDataParallel(step_model) if ddp else step_model
-    return model, optimizer, step_model, train_model
+    eval_model = torch.compile(model) if use_compile else model
+    train_model = DistributedDataParallel(eval_model) if ddp else eval_model
+    return model, optimizer, eval_model, train_model
 
 
 def main(argv):
-    c = configure(argv)
+    run(configure(argv))
+
+
+def run(c):
     if c.print_params:  # counts, FLOPs per token and, matched, the MoE's counts: no data touched
-        plumbing.print_param_table(c, count_params(c), count_params(c, ffn='moe'),
-                                   flops_per_token(c))
+        print_param_table(c)
         return
     meta, val_windows = load_data(c)
-    ckpt = plumbing.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
-    device, use_compile, autocast, scaler = plumbing.setup_device(c)
-    rank, world = plumbing.start_processes(device)  # torchrun: a process per GPU, under DDP
+    ckpt = runs.checkpoint_to_resume(c, DEFAULTS)  # None: a new run
+    device, use_compile, autocast, scaler = setup_device(c)
+    rank, world = runs.start_processes(device)  # torchrun: a process per GPU, under DDP
     ddp, master = world > 1, rank == 0
-    model, optimizer, step_model, train_model = build(c, device, use_compile, ddp)
+    model, optimizer, eval_model, train_model = build(c, device, use_compile, ddp)
 
-    # a step: grad_accum micro-batches of batch_size windows, counted over all processes together
+    # a step: grad_accum micro-batches of batch_size windows, over all processes together
     tokens_per_iter = c.batch_size * c.grad_accum * c.block_size
     iters = c.max_iters or math.ceil(c.max_tokens / tokens_per_iter)  # enough steps for max_tokens
-    start, best_val = plumbing.restore(ckpt, model, optimizer, scaler, device)  # new run: 0, inf
+    start, best_val = runs.restore(ckpt, model, optimizer, scaler, device)  # new run: 0, inf
     last_saved = start if ckpt else None  # the iter of latest.pt
-    if master:  # out_dir, log.jsonl, config.json and the run's first console line
-        log = plumbing.start_run(c, count_params(c), iters, tokens_per_iter, flops_per_token(c),
-                                 device, use_compile, world, resumed_at=last_saved)
+    if master:  # out_dir, log.jsonl, config.json and the run's first console lines
+        facts = {'params': count_params(c), 'iters': iters, 'tokens_per_iter': tokens_per_iter,
+                 'flops_per_token': flops_per_token(c), 'device_used': device.type,
+                 'dtype_used': pick_dtype(c, device), 'compile_used': use_compile,
+                 'world_size': world}
+        log = runs.start_run(c, facts, last_saved, moe_layout(c))
         if device.type == 'cpu':  # a config made for a GPU says so before its first evaluation
-            plumbing.warn_if_beyond_a_cpu(model, c, get_batch(c, start, device), iters)
-    meter = plumbing.Meter(device, start, iters, tokens_per_iter, flops_per_token(c), world)
+            runs.warn_if_beyond_a_cpu(model, c, get_batch(c, start, device), iters)
+    meter = Meter(c, start, iters, device, world)
 
     def save_checkpoint(name, it, best_val):
-        """best.pt or latest.pt: all a run at step `it` needs to go on as if never stopped."""
         with meter.paused():  # saving is not training: left out of tokens per second
-            state = plumbing.checkpoint_state(model, optimizer, scaler, c, meta, it,
-                                              it * tokens_per_iter, best_val, device)
-            plumbing.save(os.path.join(c.out_dir, name), state)
+            state = runs.checkpoint_state(model, optimizer, scaler, c, meta, it,
+                                          it * tokens_per_iter, best_val, device)
+            runs.save(os.path.join(c.out_dir, name), state)
 
     def evaluate_and_keep_best(it, best_val):
-        """The eval line at step `it`, and best.pt if the val loss improved. -> the best so far."""
+        """The eval line, and best.pt if the val loss improved. -> the best so far."""
         with meter.paused():  # evaluation is not training either
-            val_loss, routing = evaluate(step_model, val_windows, c, device, autocast, rank, world)
+            val_loss, routing = evaluate(eval_model, val_windows, c, device, autocast, rank, world)
         if master:
-            log.eval({**meter.so_far(it), 'val_loss': val_loss,
-                      'best_val': min(best_val, val_loss), **routing}, iters)
+            log.eval({**so_far(it, c), 'val_loss': val_loss, 'best_val': min(best_val, val_loss),
+                      **routing}, iters)
             if val_loss < best_val:
                 save_checkpoint('best.pt', it, val_loss)
         return min(best_val, val_loss)
@@ -594,9 +804,9 @@ def main(argv):
         for group in optimizer.param_groups:
             group['lr'] = lr * group['lr_mult']
 
-        # forward and backward: the step's windows are the same in every process; each takes its
-        # micro-batches and accumulates their gradients
+        # forward and backward: every process has the step's windows and takes its micro-batches
         x, y = get_batch(c, it, device)
+        counts = 0  # each MoE layer's rows per expert in the whole step, for bias balancing
         for i, micro in enumerate(my_micro):
             rows = slice(micro * c.batch_size, (micro + 1) * c.batch_size)
             last_micro = i == len(my_micro) - 1
@@ -606,9 +816,9 @@ def main(argv):
                     _, ce, aux = train_model(x[rows], y[rows])
                     loss = training_loss(ce, aux, c)
                 scaler.scale(loss / len(my_micro)).backward()  # scaled in fp16 only
-            meter.add(it, loss, loss_terms(loss, ce, aux))
-        # the last micro-batch's routing rows, one per MoE layer: for bias balancing and the log
-        routing = aux['routing'] if aux else None
+            meter.add(it, loss, ce, aux)
+            if c.bias_rate:
+                counts = counts + aux['counts']
 
         # step: clip the gradient norm, AdamW (fp16: unscaled first, skipped on inf)
         scaler.unscale_(optimizer)
@@ -618,44 +828,41 @@ def main(argv):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-        # bias balancing. Under DDP each process moves its own bias, and DDP copies rank 0's
-        # buffers to the others at each forward
+        # bias balancing by the load of the step's whole batch: the same move in every process
         if c.bias_rate:
-            for block, layer_routing in zip(model.blocks, routing):
-                block.ffn.update_bias(layer_routing)
+            if ddp:
+                dist.all_reduce(counts)
+            for block, layer_counts in zip(model.blocks, counts):
+                block.ffn.update_bias(layer_counts)
 
-        # log every log_interval steps: the mean losses since the last line, the last routing
-        # (both averaged over the processes), the speed; latest.pt every ckpt_interval steps
+        # log: the mean losses since the last line and the last micro-batch's routing, both over
+        # the processes, and the speed; save latest.pt every ckpt_interval steps
         done = it + 1  # steps done; `iter` means the same in training and eval lines
         if done % c.log_interval == 0 or done == iters:
-            # stops the run here if a loss was not finite, before anything is saved from it
-            losses = ('loss', 'ce', *AUX_LOSSES)  # a dense model's line has the first two
-            record = meter.line(done, losses, last_saved, c.out_dir)
-            record['lr'] = lr
-            if routing is not None:
-                record.update(routing_stats(plumbing.mean_over_processes(routing, world)))
+            record = {**meter.line(done, last_saved), 'lr': lr}
+            if aux:
+                record.update(routing_record(runs.mean_over_processes(aux['routing'], world)))
             if master:
-                log.train(record, losses, iters, meter.time_left(done))
+                log.train(record, meter.names, iters)
                 if done % c.ckpt_interval == 0 or done == iters:
-                    if c.keep_checkpoints:  # route.py --settle reads them; before latest.pt,
-                        save_checkpoint(f'ckpt_{done}.pt', done, best_val)  # so none is missed
+                    if c.keep_checkpoints:  # for route.py --settle; before latest.pt, so that
+                        save_checkpoint(f'ckpt_{done}.pt', done, best_val)  # none is missed
                     save_checkpoint('latest.pt', done, best_val)
                     last_saved = done
     best_val = evaluate_and_keep_best(iters, best_val)  # the trained model's
 
-    if ddp:  # DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)
-        del train_model
-        dist.destroy_process_group()
+    if ddp:
+        runs.stop_processes(train_model)
     if master:
-        plumbing.finish_run(c, log, iters, iters * tokens_per_iter, best_val)
+        runs.finish_run(c, log, iters, iters * tokens_per_iter, best_val)
 
 
 def command(argv):
     """train.py as a command: an error a user can fix, or a Ctrl-C, ends it in one line."""
-    with plumbing.one_line_errors('train.py'):
+    with one_line_errors('train.py'):
         c = configure(argv)
-        with plumbing.ctrl_c_in_one_line(c):  # where the run stopped, how to go on from there
-            main(argv)
+        with runs.ctrl_c_in_one_line(c):  # where the run stopped, how to go on from there
+            run(c)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,7 @@
 """How dense the code reads: per Python file, its lines, the lines over 100 columns, the AST nodes
 per code line and the comment lines, as a markdown table.
 
-    python -m study.code_stats train.py plumbing.py configurator.py report.py bench.py
+    python -m study.code_stats train.py runs.py configurator.py report.py bench.py
 
 A code line is a line with a token that is not a comment (docstrings count, blank lines do not); the
 nodes are those of Python's ast module without the Load/Store/Del markers, which say how a name is

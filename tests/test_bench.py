@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import bench
-import plumbing
+import errors
+import hardware
 import train
 from conftest import REPO, config, reference_moe
 
@@ -69,7 +70,7 @@ def test_bench_prints_a_table_and_ends_with_the_json_line():
     rounds = result['dense_total_over_moe_rounds']
     assert rounds['rounds'] == [ms['dense_total'] / ms['moe']] == [rounds['q1']]
     # which machine and torch measured it: a step time means little without them
-    assert result['hardware'] == plumbing.cpu_name() and result['torch'] == torch.__version__
+    assert result['hardware'] == hardware.cpu_name() and result['torch'] == torch.__version__
 
 
 def ms_ratio(result, name, reference):
@@ -112,7 +113,7 @@ def test_a_lever_bench_cannot_time_is_one_line_naming_the_fix(argv, message):
 def test_bench_gives_the_mfu_where_the_peak_is_known(monkeypatch, capsys):
     """A CPU given a made-up peak of 1 GFLOP/s: each model's MFU is its tokens/s times its FLOPs a
     token over the peak, in the JSON and in the table's last column."""
-    monkeypatch.setattr(plumbing, 'peak_flops', lambda device: 1e9)
+    monkeypatch.setattr(hardware, 'peak_flops', lambda device: 1e9)
     model = ['config/cpu_moe.py', '--d_model=16', '--moe_hidden=16', '--block_size=32',
              '--batch_size=4', '--ffn_multiple_of=1']
     bench.main(model + ['--steps=2', '--rounds=1'])
@@ -235,7 +236,7 @@ def test_layer_times_the_moe_in_parts_that_add_up_to_it():
     assert ms['remainder'] == ms['moe'] - ms['routing'] - ms['dispatch'] - ms['experts']
     assert shares['routing'] == ms['routing'] / ms['moe']
     assert shares['not_experts'] == 1 - ms['experts'] / ms['moe']
-    assert result['hardware'] == plumbing.cpu_name()
+    assert result['hardware'] == hardware.cpu_name()
     refused = subprocess.run([sys.executable, 'bench.py', 'config/cpu_moe.py', '--layer=True',
                               '--compile=True'], cwd=REPO, capture_output=True, text=True,
                              timeout=300)
@@ -271,5 +272,5 @@ def test_bench_times_a_variant_against_dense_models_matched_to_it():
 def test_a_bench_file_without_the_json_line_is_one_clear_error(tmp_path):
     bench_file = tmp_path / 'cpu_moe.txt'
     bench_file.write_text('the table, cut off before the JSON line\n')
-    with pytest.raises(plumbing.UserError, match='make it with: OMP_NUM_THREADS=1 python bench'):
+    with pytest.raises(errors.UserError, match='make it with: OMP_NUM_THREADS=1 python bench'):
         bench.read_step_times(bench_file)

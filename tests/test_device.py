@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-import plumbing
+import hardware
+import runs
 import train
 from conftest import TINY, config, interrupt_training, run
 from errors import UserError
@@ -26,22 +27,22 @@ def test_auto_picks_cuda_then_mps_then_the_cpu_and_bf16_only_where_supported(
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda device: capability)
     monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: mps)
     c = config()
-    picked = plumbing.pick_device(c)
-    assert picked.type == device and plumbing.pick_dtype(c, picked) == dtype
+    picked = train.pick_device(c)
+    assert picked.type == device and train.pick_dtype(c, picked) == dtype
     # the dtype key overrides
-    assert plumbing.pick_dtype(config(dtype='float16'), picked) == 'float16'
+    assert train.pick_dtype(config(dtype='float16'), picked) == 'float16'
 
 
 def test_compile_is_turned_off_where_it_cannot_work_with_one_line_saying_why(monkeypatch, capsys):
-    assert 'MPS' in plumbing.compile_problem(torch.device('mps'))
-    assert plumbing.compile_problem(torch.device('cpu')) is None
-    real_find_spec = plumbing.importlib.util.find_spec
-    monkeypatch.setattr(plumbing.importlib.util, 'find_spec',
+    assert 'MPS' in train.compile_problem(torch.device('mps'))
+    assert train.compile_problem(torch.device('cpu')) is None
+    real_find_spec = train.importlib.util.find_spec
+    monkeypatch.setattr(train.importlib.util, 'find_spec',
                         lambda name: None if name == 'triton' else real_find_spec(name))
-    assert 'Triton' in plumbing.compile_problem(torch.device('cuda'))
+    assert 'Triton' in train.compile_problem(torch.device('cuda'))
     # asked for on a Mac: off, with the reason
-    monkeypatch.setattr(plumbing, 'pick_device', lambda c: torch.device('mps'))
-    _, use_compile, autocast, scaler = plumbing.setup_device(config(compile=True))
+    monkeypatch.setattr(train, 'pick_device', lambda c: torch.device('mps'))
+    _, use_compile, autocast, scaler = train.setup_device(config(compile=True))
     assert use_compile is False and not scaler.is_enabled()
     assert isinstance(autocast, contextlib.nullcontext)
     assert capsys.readouterr().out == (
@@ -66,7 +67,7 @@ def fp16_step(model, opt, autocast, scaler, c, idx, break_grad=False):
 
 def test_fp16_steps_with_a_grad_scaler_and_skips_a_step_with_an_inf_gradient():
     c = config(dtype='float16', device='cpu')
-    _, _, autocast, scaler = plumbing.setup_device(c)
+    _, _, autocast, scaler = train.setup_device(c)
     assert scaler.is_enabled() and scaler.get_scale() == 2.0 ** 16
     torch.manual_seed(0)
     model = train.Transformer(c)
@@ -93,14 +94,14 @@ def test_train_runs_in_fp16_and_resumes_its_loss_scale(prepared, tmp_path, monke
     assert out.returncode == 0, out.stderr
     interrupt_training(monkeypatch, args + [f'--out_dir={tmp_path / "resumed"}'], at_call=15)
     train.main(args + [f'--out_dir={tmp_path / "resumed"}', '--resume=True'])
-    straight, resumed = (plumbing.load_checkpoint(str(tmp_path / d / 'latest.pt'))
+    straight, resumed = (runs.load_checkpoint(str(tmp_path / d / 'latest.pt'))
                          for d in ('fp16', 'resumed'))
     assert straight['scaler'] == resumed['scaler'] and straight['scaler']['_growth_tracker'] == 40
     assert all(torch.equal(v, resumed['model'][k]) for k, v in straight['model'].items())
     evals = [json.loads(line)['val_loss'] for line in open(tmp_path / 'fp16' / 'log.jsonl')
              if 'val_loss' in line]
     assert evals[-1] < 0.6 * evals[0]
-    ckpt = plumbing.load_checkpoint(str(tmp_path / 'fp16' / 'latest.pt'))
+    ckpt = runs.load_checkpoint(str(tmp_path / 'fp16' / 'latest.pt'))
     assert ckpt['scaler']['scale'] > 0 and ckpt['config']['dtype'] == 'float16'
 
 
@@ -121,14 +122,14 @@ def test_asking_for_mps_without_it_is_one_line_naming_the_fix():
     ('NVIDIA GeForce RTX 4090', None)])
 def test_peak_flops_by_gpu_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device: name)
-    assert plumbing.peak_flops(torch.device('cuda')) == peak
-    assert plumbing.peak_flops(torch.device('cpu')) is None
+    assert hardware.peak_flops(torch.device('cuda')) == peak
+    assert hardware.peak_flops(torch.device('cpu')) is None
 
 
 def test_the_logged_mfu_is_throughput_times_flops_over_the_peak(prepared, tmp_path, monkeypatch):
     """A CPU given a made-up peak of 1 GFLOP/s: every training line's mfu is its tokens/s times
     the FLOPs a token over that peak."""
-    monkeypatch.setattr(plumbing, 'peak_flops', lambda device: 1e9)
+    monkeypatch.setattr(hardware, 'peak_flops', lambda device: 1e9)
     args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY,
             f'--out_dir={tmp_path / "mfu"}']
     train.main(args)
@@ -140,13 +141,21 @@ def test_the_logged_mfu_is_throughput_times_flops_over_the_peak(prepared, tmp_pa
         assert r['mfu'] == r['tok_per_s'] * flops_per_token / 1e9
 
 
-def test_the_training_line_shows_mfu_where_it_is_known(tmp_path, capsys):
-    record = {'iter': 10, 'loss': 2.0, 'ce': 2.0, 'lr': 1e-3, 'tok_per_s': 2e6, 'mfu': 0.3125}
-    log = plumbing.RunLog(config(out_dir=str(tmp_path)), None)
-    log.train(record, ('loss', 'ce'), 100, '0:01:00')
-    del record['mfu']
-    log.train(record, ('loss', 'ce'), 100, '0:01:00')
-    log.close()
-    with_mfu, without = capsys.readouterr().out.splitlines()
-    assert '2000.0k tok/s | mfu 31.2% | eta 0:01:00' in with_mfu
-    assert 'mfu' not in without
+def test_the_training_line_shows_mfu_where_it_is_known_and_the_time_left(tmp_path, capsys,
+                                                                         monkeypatch):
+    """2M tok/s at 156,250 FLOPs a token on a made-up 1 TFLOP/s peak: an MFU of 31.25%. 10 of 100
+    steps done in 60 s: 540 s left."""
+    facts = {'device_used': 'cpu', 'flops_per_token': 156_250, 'world_size': 1}
+    clock = iter([100.0, 160.0, 100.0, 160.0])
+    monkeypatch.setattr(runs.time, 'time', lambda: next(clock))
+    lines = []
+    for peak in (1e12, None):
+        monkeypatch.setattr(hardware, 'peak_flops', lambda device: peak)
+        log = runs.RunLog(config(out_dir=str(tmp_path)), None, facts)
+        record = {'iter': 10, 'loss': 2.0, 'ce': 2.0, 'lr': 1e-3, 'tok_per_s': 2e6}
+        log.train(record, ('loss', 'ce'), 100)
+        log.close()
+        lines.append((record, capsys.readouterr().out))
+    (with_peak, with_mfu), (without_peak, without) = lines
+    assert with_peak['mfu'] == 0.3125 and '2000.0k tok/s | mfu 31.2% | eta 0:09:00' in with_mfu
+    assert 'mfu' not in without_peak and 'mfu' not in without

@@ -1,4 +1,4 @@
-"""The path a GPU trains on, run on every machine: on the CPU, where train.grouped_mm_on_cpu forces
+"""The path a GPU trains on, run on every machine: on the CPU, where train.GROUPED_MM_ON_CPU forces
 the F.grouped_mm path (the CPU trains with the loop over experts, which is faster there), and on a
 CUDA GPU (marked `gpu`, skipped without one: `python -m pytest -m gpu tests` runs the CUDA kernels'
 own numbers there). At the paper's widths: grouped_mm against the loop over experts, compiled
@@ -23,7 +23,8 @@ import types
 import pytest
 import torch
 
-import plumbing
+import hardware
+import runs
 import train
 from conftest import TINY, interrupt_training, run
 
@@ -38,7 +39,7 @@ TOKENS = SEQUENCES * 512
 @pytest.fixture(params=DEVICES)
 def device(request, monkeypatch):
     """'cpu' (the grouped_mm path forced) or 'cuda'."""
-    monkeypatch.setattr(train, 'grouped_mm_on_cpu', True)
+    monkeypatch.setattr(train, 'GROUPED_MM_ON_CPU', True)
     return request.param
 
 
@@ -191,9 +192,9 @@ def gpu_route(request, prepared):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(console):
-        mp.setattr(train, 'grouped_mm_on_cpu', device == 'cpu')
+        mp.setattr(train, 'GROUPED_MM_ON_CPU', device == 'cpu')
         mp.setattr(torch.optim, 'AdamW', fused_adamw(r.fused_asked))
-        mp.setattr(plumbing, 'peak_flops', lambda device: 1e12)
+        mp.setattr(hardware, 'peak_flops', lambda device: 1e12)
         # each run compiles as a process of its own would: dynamo forgets the shapes it saw (the
         # runs then get the same compiled code, which inductor's cache hands out)
         torch._dynamo.reset()
@@ -244,7 +245,7 @@ def test_a_stopped_run_resumes_and_ends_as_the_straight_run(gpu_route):
         for key in ('loss', 'ce', 'lb', 'z', 'val_loss', 'busiest_frac'):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5), (a['iter'], key)
-    ckpts = [plumbing.load_checkpoint(str(d / 'latest.pt')) for d in (r.straight, r.resumed)]
+    ckpts = [runs.load_checkpoint(str(d / 'latest.pt')) for d in (r.straight, r.resumed)]
     assert ckpts[0]['iter'] == ckpts[1]['iter'] == 8
     assert (ckpts[1]['rng']['cuda'] is not None) == (r.device == 'cuda')
     for name, w in ckpts[0]['model'].items():
@@ -263,5 +264,5 @@ def test_export_hf_py_exports_its_best_weights(gpu_route, tmp_path):
     out = run('export_hf.py', '--out_dir', str(gpu_route.resumed), '--to', str(tmp_path / 'hf'))
     assert out.returncode == 0, out.stderr
     exported = safetensors.load_file(tmp_path / 'hf' / 'model.safetensors')
-    best = plumbing.load_checkpoint(str(gpu_route.resumed / 'best.pt'))['model']
+    best = runs.load_checkpoint(str(gpu_route.resumed / 'best.pt'))['model']
     assert torch.equal(exported['model.embed_tokens.weight'], best['embed.weight'])

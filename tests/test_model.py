@@ -1,5 +1,6 @@
 """The model and its config: the MoE against references, aux losses, RoPE, causality, parameter
 counts and the matcher, the configurator's errors, data windows."""
+import ast
 import json
 import math
 import os
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import plumbing
+import runs
 import train
 from conftest import REPO, config, reference_moe, run, write_stories
 from errors import UserError
@@ -174,7 +175,7 @@ def test_copy_rows_is_indexing_with_its_gradient(copies):
     torch.manual_seed(0)
     x = torch.randn(5, 4, requires_grad=True)
     rows, bags = scattered_bags(5, copies)
-    y, y_ref = train.copy_rows(x, rows, bags), x[rows]
+    y, y_ref = train.CopyRows.apply(x, rows, bags), x[rows]
     assert torch.equal(y, y_ref)
     probe = torch.randn_like(y)
     torch.testing.assert_close(torch.autograd.grad((y * probe).sum(), x)[0],
@@ -188,7 +189,7 @@ def test_weighted_sum_is_a_gather_times_weights_with_its_gradients(copies):
     rows, bags = scattered_bags(5, copies)
     ys = torch.randn(5 * copies, 4, requires_grad=True)
     weights = torch.rand(5, copies, requires_grad=True)
-    y = train.weighted_sum(ys, weights, bags, rows)
+    y = train.WeightedSum.apply(ys, weights, bags, rows)
     y_ref = (ys[bags] * weights[:, :, None]).sum(dim=1)
     torch.testing.assert_close(y, y_ref)
     probe = torch.randn_like(y)
@@ -239,7 +240,7 @@ def test_load_balancing_loss_is_1_when_balanced_and_n_experts_when_collapsed():
 def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
     # one-hot tokens, each certain of its expert, cycling over all 4
     moe, x = routed_moe(5, collapse=False)
-    stats = train.routing_stats(moe(x)[1]['routing'][None])  # one layer
+    stats = train.routing_record(moe(x)[1]['routing'][None])  # one layer
     assert stats['load'] == pytest.approx([0.25] * 4)
     assert stats['busiest_frac'] == pytest.approx(0.25)
     assert stats['usage_var'] == pytest.approx(0.0, abs=1e-9)
@@ -247,13 +248,13 @@ def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
     assert stats['log_z'] == pytest.approx(200.0, abs=1e-4)  # logsumexp(200, 0, 0, 0)
     assert stats['dropped_frac'] == 0.0 and len(stats['layers']) == 1
     moe, x = routed_moe(5, collapse=True)
-    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    stats = train.routing_record(moe(x)[1]['routing'][None])
     assert stats['load'] == pytest.approx([1.0, 0.0, 0.0, 0.0])
     assert stats['busiest_frac'] == pytest.approx(1.0)
     assert stats['usage_var'] == pytest.approx(0.1875)  # mean of (0.75^2, 0.25^2, 0.25^2, 0.25^2)
     # a zero router is maximally unsure: uniform softmax, entropy ln 4, logsumexp(0, 0, 0, 0) = ln 4
     moe.router.weight.data.zero_()
-    stats = train.routing_stats(moe(x)[1]['routing'][None])
+    stats = train.routing_record(moe(x)[1]['routing'][None])
     assert stats['router_entropy'] == pytest.approx(math.log(4))
     assert stats['log_z'] == pytest.approx(math.log(4))
 
@@ -261,7 +262,7 @@ def test_routing_diagnostics_at_perfect_balance_and_total_collapse():
 def test_routing_stats_average_over_layers():
     rows = torch.tensor([[0.25, 0.25, 0.25, 0.25, 1.0, 2.0],
                          [0.70, 0.10, 0.10, 0.10, 0.5, 4.0]])
-    stats = train.routing_stats(rows)
+    stats = train.routing_record(rows)
     assert stats['load'] == pytest.approx([0.475, 0.175, 0.175, 0.175])
     assert stats['busiest_frac'] == pytest.approx((0.25 + 0.70) / 2)
     # the variance of (0.7, 0.1, 0.1, 0.1) is 0.0675
@@ -483,10 +484,15 @@ def test_a_width_off_the_multiple_is_taken_only_when_no_multiple_is_within_match
     assert loose.ffn_hidden == 48
 
 
+def header_facts(c, iters):
+    """The facts train.py gives runs.start_run, for a CPU run of `iters` steps."""
+    return {'params': train.count_params(c), 'iters': iters, 'tokens_per_iter': 4096,
+            'device_used': 'cpu', 'dtype_used': 'float32', 'compile_used': False, 'world_size': 1}
+
+
 def test_a_matched_run_names_the_moe_it_was_matched_to(capsys):
     c = train.configure(['config/cpu_dense_total.py', *LAYOUTS['8 x 44 top-2']])
-    plumbing.print_run_header(c, train.count_params(c), 1120, 4096, torch.device('cpu'), False, 1,
-                              None)
+    runs.print_run_header(c, header_facts(c, 1120), None, train.moe_layout(c))
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ('  ffn_hidden 352: matched to the total params of the MoE 8 experts x 44, '
                         'top-2 (its config\'s MoE keys; README: "Add an expert layout")')
@@ -494,8 +500,7 @@ def test_a_matched_run_names_the_moe_it_was_matched_to(capsys):
 
 def test_a_warmup_longer_than_the_run_is_said(capsys):
     c = train.configure(['config/cpu_moe.py', '--max_iters=50'])
-    plumbing.print_run_header(c, train.count_params(c), 50, 4096, torch.device('cpu'), False, 1,
-                              None)
+    runs.print_run_header(c, header_facts(c, 50), None, train.moe_layout(c))
     assert capsys.readouterr().out.splitlines()[1] == (
         '  warmup_iters 224 >= 50 iters: the learning rate never leaves its warmup; set '
         '--warmup_iters (README: "Short experiments")')
@@ -613,7 +618,7 @@ def test_warmup_iters_fixes_the_warmup_in_steps_whatever_the_run_length():
 @pytest.mark.parametrize('cuda, on_cpu, dtype, width, hidden, has_op, ok', [
     (True, False, torch.bfloat16, 16, 24, True, True),
     (False, False, torch.bfloat16, 16, 24, True, False),
-    (False, True, torch.bfloat16, 16, 24, True, True),  # the CPU, forced (grouped_mm_on_cpu)
+    (False, True, torch.bfloat16, 16, 24, True, True),  # the CPU, forced (GROUPED_MM_ON_CPU)
     (False, True, torch.float32, 16, 24, True, False),
     (True, False, torch.float32, 16, 24, True, False),
     (True, False, torch.float16, 16, 24, True, False),
@@ -624,12 +629,24 @@ def test_grouped_mm_only_for_bf16_aligned_tensors_on_cuda_or_a_forced_cpu(
         cuda, on_cpu, dtype, width, hidden, has_op, ok, monkeypatch):
     if not has_op:
         monkeypatch.delattr(F, 'grouped_mm', raising=False)
-    monkeypatch.setattr(train, 'grouped_mm_on_cpu', on_cpu)
+    monkeypatch.setattr(train, 'GROUPED_MM_ON_CPU', on_cpu)
     x = types.SimpleNamespace(is_cuda=cuda, is_cpu=not cuda, dtype=dtype, shape=(5, width))
     assert train.grouped_mm_ok(x, hidden) is ok
 
 
-def test_train_py_stays_a_file_a_reader_can_take_in():
-    """train.py holds the method in at most 700 lines (ruff keeps every line within 100 columns)."""
+def test_train_py_holds_the_method_and_imports_only_the_runs_bookkeeping():
+    """A reader follows the method in train.py alone: of this project it imports the
+    configurator, the error type and runs.py (files, checkpoints, processes), and it defines the
+    dispatch's autograd functions, the routing statistics, the parameter table, the data check
+    and the precision choice."""
     with open(os.path.join(REPO, 'train.py')) as f:
-        assert len(f.read().splitlines()) <= 700
+        tree = ast.parse(f.read())
+    imported = {alias.name.split('.')[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split('.')[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    project = {os.path.splitext(name)[0] for name in os.listdir(REPO) if name.endswith('.py')}
+    assert imported & project == {'configurator', 'errors', 'runs'}
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert {'CopyRows', 'WeightedSum', 'routing_row', 'routing_record', 'print_param_table',
+            'check_prepared', 'pick_dtype', 'setup_device', 'Meter'} <= defined

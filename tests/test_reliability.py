@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import plumbing
-import prepare
+import runs
 import train
 from conftest import REPO, TINY, config, read_log, run
 from errors import UserError
@@ -59,7 +58,7 @@ def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(prepared):
     for attempt, at in enumerate((35, 25)):
         proc = stopped_run('SIGKILL', at, [*args, f'--out_dir={b}'] + ['--resume=True'] * attempt)
         assert proc.returncode == -signal.SIGKILL, proc.stderr
-        assert (plumbing.load_checkpoint(str(b / 'latest.pt'))['iter'] == 20
+        assert (runs.load_checkpoint(str(b / 'latest.pt'))['iter'] == 20
                 and not (b / 'done.json').exists())
         logged = [r['iter'] for r in read_log(b)]
         # the lines the resume has to cut back (or not)
@@ -68,7 +67,7 @@ def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(prepared):
     assert out.returncode == 0, out.stderr
     assert 'resumed at iter 20' in out.stdout
     assert read_log(b) == read_log(prepared / 'straight')
-    final = [plumbing.load_checkpoint(str(d / 'latest.pt'))['model']
+    final = [runs.load_checkpoint(str(d / 'latest.pt'))['model']
              for d in (b, prepared / 'straight')]
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
 
@@ -95,10 +94,10 @@ def test_resume_takes_a_checkpoint_from_before_a_new_config_key(tmp_path):
     saved = {k: v for k, v in vars(c).items() if k != 'data_seed'}
     path = str(tmp_path / 'latest.pt')
     torch.save({'config': saved}, path)
-    assert plumbing.load_resume_checkpoint(path, c, train.DEFAULTS)['config'] == saved
+    assert runs.load_resume_checkpoint(path, c, train.DEFAULTS)['config'] == saved
     torch.save({'config': {**saved, 'data_seed': 2}}, path)
     with pytest.raises(UserError, match='another config \\(data_seed=2\\)'):
-        plumbing.load_resume_checkpoint(path, c, train.DEFAULTS)
+        runs.load_resume_checkpoint(path, c, train.DEFAULTS)
 
 
 def test_ctrl_c_is_one_line_saying_where_the_run_stopped_and_how_to_go_on(prepared):
@@ -107,9 +106,11 @@ def test_ctrl_c_is_one_line_saying_where_the_run_stopped_and_how_to_go_on(prepar
     out_dir = prepared / 'ctrl_c'
     args = train_args(prepared, out_dir)[1:]  # a checkpoint every 10 steps, a log line every 10
     first = stopped_run('SIGINT', 5, args)
+    # best.pt is there, from the evaluation at iter 0: the message says what starting over does
     assert first.returncode == 130 and first.stderr.strip() == (
-        'train.py: stopped by Ctrl-C (its log ends at iter 0); nothing saved yet (the first '
-        'checkpoint comes at iter 10, or at the end): the same command starts over')
+        'train.py: stopped by Ctrl-C (its log ends at iter 0); nothing to resume from yet (the '
+        'first latest.pt comes at iter 10, or at the end): the same command starts over and '
+        f'replaces {out_dir / "best.pt"} (the best model so far, iter 0)')
     second = stopped_run('SIGINT', 15, args)
     assert f'{out_dir} holds a run stopped before its first checkpoint: starting it over' in (
         second.stdout)
@@ -147,7 +148,7 @@ def test_resume_with_nothing_to_resume_starts_from_zero(prepared):
 
 def test_a_failing_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / 'latest.pt')
-    plumbing.save(path, {'iter': 1, 'w': torch.ones(3)})
+    runs.save(path, {'iter': 1, 'w': torch.ones(3)})
     real_save = torch.save
 
     # the disk fills up (or the process dies) in the middle of the write
@@ -158,7 +159,7 @@ def test_a_failing_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monk
 
     monkeypatch.setattr(torch, 'save', save_half_then_fail)
     with pytest.raises(OSError):
-        plumbing.save(path, {'iter': 2, 'w': torch.zeros(3)})
+        runs.save(path, {'iter': 2, 'w': torch.zeros(3)})
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ['latest.pt']  # no temp file left behind
     ckpt = torch.load(path, weights_only=True)
@@ -232,6 +233,49 @@ def test_ddp_with_two_gloo_processes_equals_one_process(prepared, one_process, c
         for key in ('exp_avg', 'exp_avg_sq'):
             torch.testing.assert_close(ckpts[1]['optimizer']['state'][i][key], state[key],
                                        rtol=1e-3, atol=1e-9)
+
+
+# train.py, each process writing the MoE biases after every update_bias to $BIAS_LOG<rank>
+BIAS_LOG = f"""import json, os, sys
+sys.path.insert(0, {REPO!r})
+import train
+real, seen = train.MoE.update_bias, []
+def update_bias(self, counts):
+    real(self, counts)
+    seen.append(self.bias.tolist())
+train.MoE.update_bias = update_bias
+train.main(sys.argv[1:])
+json.dump(seen, open(os.environ['BIAS_LOG'] + os.environ.get('RANK', '0'), 'w'))
+"""
+
+
+def test_bias_balancing_moves_every_process_by_the_whole_steps_load(prepared, tmp_path):
+    """Bias balancing under DDP: 2 gloo processes, one micro-batch each, move their biases by the
+    load of the step's two micro-batches together, as 1 process with both does. After every step
+    each process's bias is the other's and the one process's, and the losses are its losses."""
+    script = tmp_path / 'bias_log.py'
+    script.write_text(BIAS_LOG)
+    args = ['config/cpu_moe.py', f'--data_dir={prepared / "data"}', *TINY, '--max_iters=6',
+            '--log_interval=2', '--ckpt_interval=2', '--eval_interval=6', '--batch_size=4',
+            '--grad_accum=2', '--bias_rate=0.01']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'BIAS_LOG': str(tmp_path / 'one')}
+    one = subprocess.run([sys.executable, str(script), *args, f'--out_dir={tmp_path / "one"}'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    env['BIAS_LOG'] = str(tmp_path / 'two')
+    two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                          '--nproc_per_node=2', str(script), *args,
+                          f'--out_dir={tmp_path / "two"}'],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    seen = {name: json.load(open(tmp_path / name)) for name in ('one0', 'two0', 'two1')}
+    assert len(seen['one0']) == 6 * 2  # 6 steps, 2 MoE layers
+    assert seen['two0'] == seen['two1'] == seen['one0']
+    assert any(v != 0 for layer in seen['one0'] for v in layer)  # the biases moved
+    for a, b in zip(read_log(tmp_path / 'one'), read_log(tmp_path / 'two')):
+        for key in ('loss', 'val_loss'):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4), (a['iter'], key)
 
 
 def test_grad_accum_must_split_over_the_processes(prepared):
@@ -367,7 +411,7 @@ def test_the_safe_loader_refuses_blocked_modules_newer_pickles_and_damaged_files
     else:
         path.write_bytes(b'not a checkpoint')
     with pytest.raises(UserError) as refused:
-        plumbing.load_checkpoint(str(path))
+        runs.load_checkpoint(str(path))
     assert str(refused.value) == f'{path} {REFUSED}' and not planted.exists()
 
 
@@ -375,12 +419,12 @@ def test_checkpoints_written_by_train_load_with_the_safe_loader(tiny_run):
     """Everything a checkpoint holds (weights, AdamW state, fp16 loss scale, config, meta, RNG)
     is plain data for weights_only."""
     for name in ('best.pt', 'latest.pt'):
-        ckpt = plumbing.load_checkpoint(str(tiny_run / name))
+        ckpt = runs.load_checkpoint(str(tiny_run / name))
         assert set(ckpt) == {'model', 'optimizer', 'scaler', 'config', 'meta', 'iter', 'tokens',
                              'best_val', 'rng'}
         assert ckpt['rng']['torch'].dtype == torch.uint8 and ckpt['optimizer']['state']
         assert ckpt['config']['ffn'] == 'moe'
-    assert plumbing.load_checkpoint(str(tiny_run / 'latest.pt'))['iter'] == 10
+    assert runs.load_checkpoint(str(tiny_run / 'latest.pt'))['iter'] == 10
 
 
 def test_a_process_with_no_validation_batch_still_reduces_full_shaped_sums(prepared, monkeypatch):
@@ -419,7 +463,7 @@ def test_a_damaged_checkpoint_is_one_line_in_sample_and_export(tiny_run, tmp_pat
 def test_missing_data_names_the_prepare_command_of_the_configs_tokenizer(tmp_path, vocab_size,
                                                                          hint):
     with pytest.raises(UserError) as e:
-        prepare.check_prepared(str(tmp_path / 'D'), vocab_size, block_size=16)
+        train.check_prepared(config(data_dir=str(tmp_path / 'D'), vocab_size=vocab_size))
     assert hint.replace(' D', f' {tmp_path / "D"}') in str(e.value)
 
 
@@ -433,13 +477,13 @@ def test_a_config_beyond_a_cpu_says_how_long_it_would_take(monkeypatch, capsys, 
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     clock = iter([100.0, 101.0])
-    monkeypatch.setattr(plumbing.time, 'time', lambda: next(clock))
+    monkeypatch.setattr(runs.time, 'time', lambda: next(clock))
     windows = torch.zeros(4, c.block_size + 1, dtype=torch.long)
 
     def noisy_model(x, y):  # a model whose forward draws random numbers, as a noisy router would
         torch.rand(1)
         return model(x, y)
-    plumbing.warn_if_beyond_a_cpu(noisy_model, c, (windows[:, :-1], windows[:, 1:]), iters)
+    runs.warn_if_beyond_a_cpu(noisy_model, c, (windows[:, :-1], windows[:, 1:]), iters)
     expected = ('  a config made for a GPU: at 11 tok/s, as its first windows train on this CPU, '
                 'its 1,000,000 steps would take about 1,667 hours. On a CPU, train the CPU recipe '
                 'instead: make cpu, or config/cpu_moe.py\n')

@@ -77,4 +77,4 @@ def test_eval_routing_statistics_do_not_depend_on_the_eval_batch_size(prepared):
     # and they are the statistics of all windows at once: the load counts every token's
     # top_k choices
     _, _, aux = model(windows[:, :-1], windows[:, 1:])
-    assert a['load'] == pytest.approx(train.routing_stats(aux['routing'])['load'], rel=1e-5)
+    assert a['load'] == pytest.approx(train.routing_record(aux['routing'])['load'], rel=1e-5)

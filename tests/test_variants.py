@@ -3,7 +3,7 @@ routers' own learning rate and weight decay, each against the same step recomput
 init and batch; and runs saved before these keys existed."""
 import torch
 
-import plumbing
+import runs
 import sample
 import train
 from conftest import TINY, config, run
@@ -60,7 +60,7 @@ def test_sample_rebuilds_a_run_saved_before_the_variant_keys(tmp_path):
     model = train.Transformer(c)
     new_keys = ('bias_rate', 'shared_hidden', 'router_init_std', 'router_lr_mult', 'router_decay')
     old_config = {k: v for k, v in vars(c).items() if k not in new_keys}
-    plumbing.save(str(tmp_path / 'best.pt'), {
+    runs.save(str(tmp_path / 'best.pt'), {
         'model': model.state_dict(), 'config': old_config,
         'meta': {'tokenizer': 'bytes', 'vocab_size': 257, 'eot_id': 256}})
     loaded, _ = sample.load_model(str(tmp_path), 'cpu')

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import plumbing
+import runs
 import train
 from conftest import TINY, config, interrupt_training
 from errors import UserError
@@ -20,7 +20,7 @@ def recorded(monkeypatch, tmp_path):
     monkeypatch.setenv('WANDB_SILENT', 'true')
     monkeypatch.setenv('WANDB_DIR', str(tmp_path))
     calls = {'ids': [], 'configs': [], 'logged': []}
-    real_open = plumbing.open_wandb
+    real_open = runs.open_wandb
 
     def open_and_record(c):
         run = real_open(c)
@@ -33,7 +33,7 @@ def recorded(monkeypatch, tmp_path):
             real_log(payload, step=step)
         run.log = log
         return run
-    monkeypatch.setattr(plumbing, 'open_wandb', open_and_record)
+    monkeypatch.setattr(runs, 'open_wandb', open_and_record)
     return calls
 
 
@@ -45,7 +45,7 @@ def train_args(prepared, out_dir, *extra):
 def expected(out_dir):
     """What W&B should have received: each log.jsonl record, flattened, at its iter."""
     records = [json.loads(line) for line in open(out_dir / 'log.jsonl')]
-    return [(plumbing.wandb_record(r, 'val' if 'val_loss' in r else 'train'), r['iter'])
+    return [(runs.wandb_record(r, 'val' if 'val_loss' in r else 'train'), r['iter'])
             for r in records]
 
 
@@ -75,8 +75,8 @@ def test_a_resumed_run_continues_its_wandb_run(prepared, tmp_path, recorded, mon
 
 
 def test_wandb_log_without_wandb_is_one_line_naming_the_fix(monkeypatch):
-    real_find_spec = plumbing.importlib.util.find_spec
-    monkeypatch.setattr(plumbing.importlib.util, 'find_spec',
+    real_find_spec = train.importlib.util.find_spec
+    monkeypatch.setattr(train.importlib.util, 'find_spec',
                         lambda name: None if name == 'wandb' else real_find_spec(name))
     fix = 'wandb_log=True needs the wandb package: pip install wandb'
     with pytest.raises(UserError, match=fix):

@@ -3,7 +3,7 @@ train.py stopped after STEPS steps, as a Ctrl-C would stop it: what it saved by 
 every ckpt_interval steps, log.jsonl, best.pt) stays for a later --resume=True. The GPU check
 (gpu_check.py) tests resuming with it.
 
-    python scripts/train_until.py 100 config/moe.py --max_iters=200 --ckpt_interval=100
+    python tests/train_until.py 100 config/moe.py --max_iters=200 --ckpt_interval=100
     python train.py config/moe.py --max_iters=200 --ckpt_interval=100 --resume=True
 """
 import os
@@ -11,9 +11,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-import plumbing  # noqa: E402
 import train  # noqa: E402
-from plumbing import UserError  # noqa: E402
+from errors import UserError, one_line_errors  # noqa: E402
 
 
 def loss_until(steps):
@@ -31,7 +30,7 @@ def loss_until(steps):
 
 def main(argv):
     if not argv or not argv[0].isdigit():
-        raise UserError('usage: python scripts/train_until.py STEPS CONFIG [--key=value ...]')
+        raise UserError('usage: python tests/train_until.py STEPS CONFIG [--key=value ...]')
     steps = int(argv[0])
     train.training_loss = loss_until(steps)
     try:
@@ -43,5 +42,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    with plumbing.one_line_errors('train_until.py'):
+    with one_line_errors('train_until.py'):
         main(sys.argv[1:])
