@@ -30,8 +30,8 @@ config_file = $(or $(wildcard config/$1.py),study/config/$1.py)
 TRAIN = $(PYTHON) train.py $(call config_file,$(word 1,$(subst -s, ,$*))) --seed=$(word 2,$(subst -s, ,$*)) \
 	$(if $(wildcard $(@D)/log.jsonl),--resume=True)
 
-.PHONY: setup test cpu paper bench gpu_check study study2 noise compute ratio warmup break_even claims \
-	claims_runs shared_runs FORCE
+.PHONY: setup test cpu paper bench gpu_check cuda study study2 noise compute ratio warmup \
+	break_even claims claims_runs shared_runs FORCE
 setup: $(filter $(VENV_PYTHON),$(PYTHON))
 	@# torch 2.13.0 is the tested release; an installed torch (e.g. your CUDA build) is kept
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
@@ -53,7 +53,8 @@ cpu: setup $(CPU_RUNS)
 paper: setup $(PAPER_RUNS)
 	$(PYTHON) report.py $(dir $(PAPER_RUNS)) --out out/report-paper
 
-# FORCE: prepare.py runs every time and redoes the data only when its source changed (TINYSTORIES set or unset)
+# FORCE: prepare.py runs whenever the data is needed, and redoes it only when its source changed
+# (TINYSTORIES set or unset)
 data/tinystories_bytes/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) --tokenizer bytes \
 		--out_dir data/tinystories_bytes
@@ -63,9 +64,13 @@ data/tinystories/meta.json:
 data/tinystories_sample_gpt2/meta.json: FORCE
 	$(PYTHON) prepare.py $(if $(TINYSTORIES),--input $(TINYSTORIES),--hf_stories $(HF_STORIES)) \
 		--out_dir data/tinystories_sample_gpt2
-$(PAPER_RUNS): out/%/done.json: | data/tinystories/meta.json
+# a run's data, order-only (newer data retrains no finished run), named only while one of the runs
+# remains to train: make builds order-only prerequisites too, and the FORCE data target would run
+# prepare.py (the hub, without TINYSTORIES) before a finished comparison could reprint offline
+data_for = $(if $(filter-out $(wildcard $1),$1),$2)
+$(PAPER_RUNS): out/%/done.json: | $(call data_for,$(PAPER_RUNS),data/tinystories/meta.json)
 	$(TRAIN)
-$(CPU_RUNS): out/%/done.json: | data/tinystories_bytes/meta.json
+$(CPU_RUNS): out/%/done.json: | $(call data_for,$(CPU_RUNS),data/tinystories_bytes/meta.json)
 	$(TRAIN)
 
 # the cost of the MoE per training step at the CPU recipe's width (bench.py): eager; one FFN layer in parts
@@ -90,7 +95,11 @@ bench: setup
 		> results/bench/cpu_moe_paper_width_eager.txt && cat results/bench/cpu_moe_paper_width_eager.txt
 
 # does tinymoe work on this CUDA GPU, and how fast (gpu_check.py, results/bench/README.md)
-gpu_check: setup data/tinystories_bytes/meta.json data/tinystories_sample_gpt2/meta.json
+gpu_check: cuda data/tinystories_bytes/meta.json data/tinystories_sample_gpt2/meta.json
 	$(PYTHON) gpu_check.py
+# without a CUDA GPU, one line saying so, before any data is prepared (the hub, a minute)
+cuda: setup
+	@$(PYTHON) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu_check: torch \
+	sees no CUDA GPU; on a CPU, check the logic at toy sizes: python gpu_check.py --size=toy')"
 
 include study/study.mk

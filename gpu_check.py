@@ -21,11 +21,13 @@ skipped (why). Each process's console goes to out/gpu_check/logs/, its run to ou
 tests, cpu_recipe and paper run side by side, each train.py a process of its own (small models
 leave a GPU mostly idle); speed runs last, alone on the GPU, as timing wants. The toy size is the
 same check with smaller models, fewer steps and one seed: make test runs it on the CPU
-(tests/test_gpu_check.py).
+(tests/test_gpu_check.py). Its CPU recipe is set beside the committed runs at iter 0 alone, before
+training: a dry run of the comparison that the full size makes over whole runs.
 """
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -38,10 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import bench
-import plumbing
+import hardware
+import runs
 import sample
 import train
-from errors import UserError
+from errors import UserError, one_line_errors
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PARTS = ('tests', 'cpu_recipe', 'paper', 'speed')
@@ -108,11 +111,46 @@ def read_log(run_dir):
         return [json.loads(line) for line in f]
 
 
-def best_val(run_dir):
-    """A finished run's best val loss, or None (it failed or never ran)."""
-    if not os.path.isfile(os.path.join(run_dir, 'done.json')):
-        return None
-    return min(r['val_loss'] for r in read_log(run_dir) if 'val_loss' in r)
+def read_config(run_dir):
+    """config.json: the config a run trained with, and what train.py found (its iters, ...)."""
+    with open(os.path.join(run_dir, 'config.json')) as f:
+        return json.load(f)
+
+
+# A run is read as report.py reads one (load_runs), from its config and log alone: the committed
+# runs hold no done.json
+def not_finished(run_dir):
+    """Why run_dir holds no finished run with a best val loss, or None: it finished when its last
+    evaluation is at its last iter."""
+    for name in ('config.json', 'log.jsonl'):
+        if not os.path.isfile(os.path.join(run_dir, name)):
+            return f'{run_dir} holds no {name}'
+    evals = [r for r in read_log(run_dir) if 'val_loss' in r]
+    if not any(math.isfinite(r['val_loss']) for r in evals):
+        return f'{run_dir} has no finite val loss'
+    iters = read_config(run_dir)['iters']
+    if evals[-1]['iter'] != iters:
+        return (f'{run_dir} has not finished: its last evaluation is at iter '
+                f'{evals[-1]["iter"]} of {iters}')
+    return None
+
+
+def val_losses(run_dir):
+    """{iter: val loss} of a run's finite evaluations (a diverged one is never the best)."""
+    return {r['iter']: r['val_loss'] for r in read_log(run_dir)
+            if 'val_loss' in r and math.isfinite(r['val_loss'])}
+
+
+def best_val(run_dir, iters):
+    """A run's best val loss over its evaluations at `iters`."""
+    return min(v for it, v in val_losses(run_dir).items() if it in iters)
+
+
+def iters_text(iters):
+    """'iter 0', or '7 evaluations, iters 0 to 1,120'."""
+    if len(iters) == 1:
+        return f'iter {min(iters)}'
+    return f'{len(iters)} evaluations, iters {min(iters):,} to {max(iters):,}'
 
 
 # ----------------------------------------------------------------------------- the processes
@@ -167,7 +205,7 @@ def jobs(args, vocab_size, start_problem):
             todo.append((config, [[py, 'train.py', *argv]]))
         # moe stopped after half its steps, as a Ctrl-C would stop it, then resumed
         argv = paper_argv('moe', args.size, args.paper_data, vocab_size, f'{work}/moe_resumed')
-        todo.append(('moe_resumed', [[py, 'scripts/train_until.py', str(steps // 2), *argv],
+        todo.append(('moe_resumed', [[py, 'tests/train_until.py', str(steps // 2), *argv],
                                      [py, 'train.py', *argv, '--resume=True']]))
     if 'cpu_recipe' in args.parts and not start_problem:
         for name, (dtype, config, seed) in cpu_runs(args.size).items():
@@ -196,17 +234,18 @@ def committed_run(reference, config, seed):
 
 
 def start_problem(args):
-    """Why the CPU recipe's runs here cannot be set beside the committed ones, or None: the data
-    must be theirs (SAME_START)."""
-    committed = os.path.join(committed_run(args.reference, 'cpu_moe', 1), 'log.jsonl')
-    if not os.path.isfile(committed):
-        return f'no committed run to compare with: {committed} not found'
+    """Why the CPU recipe's runs here cannot be set beside the committed ones, or None: each of
+    theirs must have finished, and the data must be theirs (SAME_START)."""
+    unusable = [not_finished(committed_run(args.reference, config, seed))
+                for config in CPU_CONFIGS for seed in SIZES[args.size]['seeds']]
+    if any(unusable):
+        return f'no committed run to compare with: {"; ".join(filter(None, unusable))}'
     c = train.configure(cpu_recipe_argv('cpu_moe', 1, 'float32', args.size, args.cpu_data, ''))
     _, windows = train.load_data(c)
     torch.manual_seed(c.seed)  # the initial weights, as train.build makes them
     here, _ = train.evaluate(train.Transformer(c), windows, c, torch.device('cpu'),
                              contextlib.nullcontext())
-    there = read_log(os.path.dirname(committed))[0]['val_loss']
+    there = read_log(committed_run(args.reference, 'cpu_moe', 1))[0]['val_loss']
     if abs(here - there) <= SAME_START:
         return None
     return (f'cpu_moe seed 1 starts at val loss {here:.4f} on {args.cpu_data} at size '
@@ -216,15 +255,27 @@ def start_problem(args):
 
 def cpu_recipe(args, done):
     """Part cpu_recipe: per config and precision, the mean best val loss over the seeds on this
-    device against the committed runs' (TOLERANCE)."""
+    device against the committed runs' (TOLERANCE), which start_problem found finished."""
     seeds = SIZES[args.size]['seeds']
     failed = [name for name in cpu_runs(args.size) if done[name]]
     if failed:
         return result('failed', f'train.py failed: {", ".join(failed)} (logs/)')
-    best = {(config, seed): {'committed': best_val(committed_run(args.reference, config, seed)),
-                             **{dtype: best_val(f'{args.work}/{dtype}_{config}-s{seed}')
+    short = [not_finished(f'{args.work}/{name}') for name in cpu_runs(args.size)]
+    if any(short):
+        return result('failed', f'train.py ended, but {"; ".join(filter(None, short))}')
+    dirs = {(config, seed): {'committed': committed_run(args.reference, config, seed),
+                             **{dtype: f'{args.work}/{dtype}_{config}-s{seed}'
                                 for dtype in TOLERANCE}}
             for config in CPU_CONFIGS for seed in seeds}
+    lengths = {read_config(d)['iters'] for run in dirs.values() for d in run.values()}
+    # runs as long as the committed ones are compared whole; shorter ones (the toy size's) at
+    # iter 0, before training: the same model, data and evaluation on another machine
+    shared = {0}
+    if len(lengths) == 1:
+        shared = set.intersection(*(set(val_losses(d)) for run in dirs.values()
+                                    for d in run.values()))
+    best = {key: {name: best_val(d, shared) for name, d in run.items()}
+            for key, run in dirs.items()}
     gaps = {dtype: {config: statistics.mean(best[config, s][dtype] for s in seeds)
                     / statistics.mean(best[config, s]['committed'] for s in seeds) - 1
                     for config in CPU_CONFIGS} for dtype in TOLERANCE}
@@ -233,8 +284,8 @@ def cpu_recipe(args, done):
     worst = {dtype: max(by_config.values(), key=abs) for dtype, by_config in gaps.items()}
     within = ', '.join(f'{dtype} within {worst[dtype]:+.2%} (allowed {TOLERANCE[dtype]:.0%})'
                        for dtype in TOLERANCE)
-    why = (f'mean best val loss over seeds {", ".join(map(str, seeds))} against the committed '
-           f'CPU runs: {within}')
+    why = (f'mean best val loss over seeds {", ".join(map(str, seeds))} ({iters_text(shared)}) '
+           f'against the committed CPU runs: {within}')
     table = [{'config': config, 'seed': seed, **values} for (config, seed), values in best.items()]
     if over:
         return result('failed', f'{why}; over: {", ".join(over)}', gaps=gaps, runs=table)
@@ -245,8 +296,7 @@ def cpu_recipe(args, done):
 def trained(run_dir):
     """A paper run trained as asked, compiled and in bf16 (config.json says what it used), and
     its loss fell: the last training loss below the first, the best val loss below iter 0's."""
-    with open(os.path.join(run_dir, 'config.json')) as f:
-        used = json.load(f)
+    used = read_config(run_dir)
     log = read_log(run_dir)
     losses = [r['loss'] for r in log if 'loss' in r]
     vals = [r['val_loss'] for r in log if 'val_loss' in r]
@@ -338,7 +388,7 @@ def speed(args, vocab_size, env):
     mfu = timed['mfu'] or {}
     rates = ', '.join(f'{name} {timed["tokens_per_s"][name]:,.0f} tokens/s'
                       + (f' (MFU {mfu[name]:.1%})' if mfu else '') for name in PAPER_CONFIGS)
-    no_peak = '' if mfu else '; no MFU: plumbing.PEAK_FLOPS has no peak for this device'
+    no_peak = '' if mfu else '; no MFU: hardware.PEAK_FLOPS has no peak for this device'
     return result('passed', f'{rates}; step time moe / dense_active '
                             f'{timed["moe_over_dense_active"]:.3f}, dense_total / moe '
                             f'{timed["dense_total_over_moe"]:.3f}{no_peak}', bench=timed)
@@ -347,18 +397,18 @@ def speed(args, vocab_size, env):
 # ----------------------------------------------------------------------------- the report
 def write_report(args, report):
     """report.json, and report.md: a line per part, then the CPU recipe's runs seed by seed."""
-    plumbing.save(os.path.join(args.out, 'report.json'), report)
+    runs.save(os.path.join(args.out, 'report.json'), report)
     lines = [f'# tinymoe GPU check: {report["hardware"]}', '',
              f'torch {report["torch"]} (CUDA {report["cuda"]}), size {report["size"]}, '
              f'{report["seconds"] / 60:.1f} minutes', '']
     lines += [f'- {name}: {part["status"]}: {part["why"]}'
               for name, part in report['parts'].items()]
-    runs = report['parts']['cpu_recipe'].get('runs')
-    if runs:
+    recipe_runs = report['parts']['cpu_recipe'].get('runs')
+    if recipe_runs:
         lines += ['', '| config | seed | committed CPU | fp32 here | bf16 here |',
                   '|---|---|---|---|---|']
         lines += [f'| {r["config"]} | {r["seed"]} | {r["committed"]:.4f} | {r["float32"]:.4f} | '
-                  f'{r["bfloat16"]:.4f} |' for r in runs]
+                  f'{r["bfloat16"]:.4f} |' for r in recipe_runs]
     with open(os.path.join(args.out, 'report.md'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
     print('\n'.join(lines))
@@ -425,7 +475,7 @@ def main(argv):
     parts = {name: attempt(checks[name]) if name in args.parts
              else result('skipped', 'not asked for (--parts)') for name in PARTS}
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    report = {'hardware': plumbing.hardware_name(device), 'torch': torch.__version__,
+    report = {'hardware': hardware.hardware_name(device), 'torch': torch.__version__,
               'cuda': torch.version.cuda, 'size': args.size, 'seconds': time.time() - t0,
               'parts': parts, 'processes': {name: {'returncode': returncode, 'seconds': seconds}
                                             for name, returncode, seconds in ran}}
@@ -435,5 +485,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    with plumbing.one_line_errors('gpu_check.py'):
+    with one_line_errors('gpu_check.py'):
         main(sys.argv[1:])

@@ -16,17 +16,25 @@ from errors import UserError
 
 # one thread per process, as gpu_check.py runs its processes
 ONE_THREAD = {**os.environ, 'OMP_NUM_THREADS': '1'}
+# the committed CPU runs the check compares with, and the files each of them holds: a config and
+# a log, no done.json and no checkpoints (a stand-in must hold what they hold, no more)
+COMMITTED = os.path.join(REPO, 'results', 'cpu', 'warmup', 'runs')
+COMMITTED_FILES = sorted(os.listdir(os.path.join(COMMITTED, 'w224_cpu_moe-s1')))
 
 
 def train_reference(data, reference, configs=gpu_check.CPU_CONFIGS):
     """Stand-ins for the committed CPU runs: the toy CPU recipe trained here, fp32, one thread,
-    as gpu_check.py will train its own fp32 runs on this CPU."""
+    as gpu_check.py will train its own fp32 runs on this CPU; then cut to the files a committed
+    run holds."""
     for config in configs:
         out_dir = gpu_check.committed_run(str(reference), config, 1)
         argv = gpu_check.cpu_recipe_argv(config, 1, 'float32', 'toy', str(data), out_dir)
         out = subprocess.run([sys.executable, 'train.py', *argv], cwd=REPO, env=ONE_THREAD,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
+        for name in set(os.listdir(out_dir)) - set(COMMITTED_FILES):
+            os.remove(os.path.join(out_dir, name))
+        assert sorted(os.listdir(out_dir)) == COMMITTED_FILES
 
 
 @pytest.fixture(scope='module')
@@ -94,17 +102,19 @@ def test_speed_is_benchs_own_figures(toy_check):
     assert speed['status'] == 'passed' and bench['compile'] is True
     assert speed['why'].startswith(f'moe {bench["tokens_per_s"]["moe"]:,.0f} tokens/s, ')
     assert f'moe / dense_active {bench["moe_over_dense_active"]:.3f}' in speed['why']
-    assert speed['why'].endswith('no MFU: plumbing.PEAK_FLOPS has no peak for this device')
+    assert speed['why'].endswith('no MFU: hardware.PEAK_FLOPS has no peak for this device')
 
 
 # ----------------------------------------------------------------------------- its judges
-def fake_run(folder, val_losses, done=True):
-    """A run folder with an evaluation line per val loss (and done.json: it finished)."""
+def fake_run(folder, val_losses, iters=None):
+    """A run folder as the committed runs hold one: config.json and an evaluation line per val
+    loss, every 2 iters. It finished (its last evaluation at its last iter) unless iters says
+    it has more to go."""
     folder.mkdir(parents=True)
     lines = [{'iter': 2 * i, 'val_loss': v} for i, v in enumerate(val_losses)]
+    (folder / 'config.json').write_text(json.dumps({'iters': iters or lines[-1]['iter']}))
     (folder / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
-    if done:
-        (folder / 'done.json').write_text('{}')
+    assert sorted(os.listdir(folder)) == COMMITTED_FILES
 
 
 def recipe_args(tmp_path):
@@ -126,9 +136,10 @@ def test_the_cpu_recipe_fails_outside_its_tolerance(tmp_path, fp32, bf16, over):
         fake_run(tmp_path / 'runs' / f'bfloat16_{config}-s1', [5.0, bf16])
     recipe = gpu_check.cpu_recipe(args, dict.fromkeys(gpu_check.cpu_runs('toy'), 0))
     assert recipe['status'] == ('failed' if over else 'passed')
-    assert recipe['why'].startswith('mean best val loss over seeds 1 against the committed CPU '
-                                    f'runs: float32 within {fp32 - 1:+.2%} (allowed 2%), '
-                                    f'bfloat16 within {bf16 - 1:+.2%} (allowed 3%)')
+    assert recipe['why'].startswith('mean best val loss over seeds 1 (2 evaluations, iters 0 to '
+                                    '2) against the committed CPU runs: float32 within '
+                                    f'{fp32 - 1:+.2%} (allowed 2%), bfloat16 within '
+                                    f'{bf16 - 1:+.2%} (allowed 3%)')
     assert (f'; over: {over}, ' in recipe['why']) == bool(over)
 
 
@@ -139,11 +150,78 @@ def test_a_failed_run_fails_the_cpu_recipe(tmp_path):
                       'why': 'train.py failed: bfloat16_cpu_moe-s1 (logs/)'}
 
 
+def test_a_run_that_stopped_short_fails_the_cpu_recipe(tmp_path):
+    """train.py ended well, but the run's last evaluation is not at its last iter."""
+    args = recipe_args(tmp_path)
+    for name in gpu_check.cpu_runs('toy'):
+        fake_run(tmp_path / 'runs' / name, [5.0, 1.0], iters=4 if name == 'float32_cpu_moe-s1'
+                 else None)
+    recipe = gpu_check.cpu_recipe(args, dict.fromkeys(gpu_check.cpu_runs('toy'), 0))
+    assert recipe == {'status': 'failed',
+                      'why': f'train.py ended, but {tmp_path}/runs/float32_cpu_moe-s1 has not '
+                             'finished: its last evaluation is at iter 2 of 4'}
+
+
+def test_runs_shorter_than_the_committed_ones_are_compared_at_iter_0(tmp_path):
+    """As the toy size's 4 iters against the committed runs' 1,120: a best val loss after 4 iters
+    says nothing against one after 1,120, so the runs meet at iter 0, before training."""
+    args = recipe_args(tmp_path)
+    for name in gpu_check.cpu_runs('toy'):
+        fake_run(tmp_path / 'runs' / name, [5.05, 4.0, 3.0])
+    recipe = gpu_check.cpu_recipe(args, dict.fromkeys(gpu_check.cpu_runs('toy'), 0))
+    assert recipe['status'] == 'passed'
+    assert recipe['why'] == ('mean best val loss over seeds 1 (iter 0) against the committed CPU '
+                             'runs: float32 within +1.00% (allowed 2%), bfloat16 within +1.00% '
+                             '(allowed 3%)')
+    assert all(r['committed'] == 5.0 and r['float32'] == 5.05 for r in recipe['runs'])
+
+
+def test_a_committed_run_is_read_from_its_log():
+    """The committed runs hold no done.json: the best val loss is the lowest in the log, as
+    report.py reads a run."""
+    run_dir = os.path.join(COMMITTED, 'w224_cpu_moe-s1')
+    with open(os.path.join(run_dir, 'log.jsonl')) as f:
+        vals = [r['val_loss'] for r in map(json.loads, f) if 'val_loss' in r]
+    assert len(vals) > 2 and gpu_check.best_val(run_dir, gpu_check.val_losses(run_dir)) == min(vals)
+
+
+def test_the_committed_runs_of_the_full_check_are_finished():
+    """Each config's last evaluation is at its last iter (config.json's iters)."""
+    for config in gpu_check.CPU_CONFIGS:
+        for seed in gpu_check.SIZES['full']['seeds']:
+            assert gpu_check.not_finished(gpu_check.committed_run(COMMITTED, config, seed)) is None
+
+
+def test_a_diverged_evaluation_is_never_the_best(tmp_path):
+    fake_run(tmp_path / 'run', [float('nan'), 2.0, 1.0, float('inf')])
+    assert gpu_check.not_finished(tmp_path / 'run') is None
+    assert gpu_check.best_val(tmp_path / 'run', {0, 2, 4, 6}) == 1.0
+
+
+@pytest.mark.parametrize('build, why', [
+    (lambda run: fake_run(run, [5.0, 1.0], iters=8),
+     'has not finished: its last evaluation is at iter 2 of 8'),
+    (lambda run: fake_run(run, [float('nan')] * 2), 'has no finite val loss'),
+    (lambda run: None, 'holds no config.json')], ids=['unfinished', 'diverged', 'missing'])
+def test_a_missing_or_unfinished_committed_run_is_said_before_any_run(tmp_path, build, why):
+    """The CPU recipe is skipped, and nothing is compared with a run that is no finished run."""
+    reference = tmp_path / 'reference'
+    for config in gpu_check.CPU_CONFIGS[1:]:
+        fake_run(reference / f'w224_{config}-s1', [5.0, 1.0])
+    build(reference / 'w224_cpu_moe-s1')
+    args = types.SimpleNamespace(size='toy', reference=str(reference))
+    assert gpu_check.start_problem(args) == (f'no committed run to compare with: {reference}/'
+                                             f'w224_cpu_moe-s1 {why}')
+
+
 def test_other_stories_than_the_committed_runs_are_said_before_any_run(prepared, tmp_path):
     """The committed cpu_moe seed 1 started from its val loss at iter 0; runs on data where the
     same weights start elsewhere cannot be set beside it."""
     data = prepared / 'data'
     train_reference(data, tmp_path / 'same', configs=['cpu_moe'])
+    for reference in ('same', 'other'):  # only cpu_moe's start is compared
+        for config in gpu_check.CPU_CONFIGS[1:]:
+            fake_run(tmp_path / reference / f'w224_{config}-s1', [5.0, 1.0])
     args = types.SimpleNamespace(size='toy', cpu_data=str(data),
                                  reference=str(tmp_path / 'same'))
     assert gpu_check.start_problem(args) is None
