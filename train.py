@@ -93,7 +93,7 @@ compile = None            # torch.compile; None -> on for CUDA, off for CPU
 
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith('_') and isinstance(v, (bool, int, float, str, type(None)))}
-# not a config key: the tests set it to run the GPU's grouped_mm on a CPU (the loop is faster)
+# not a config key: the tests set it to run grouped_mm on a CPU, where the loop is faster
 GROUPED_MM_ON_CPU = False
 
 
@@ -160,8 +160,8 @@ class SwiGLU(nn.Module):
 def group_by_expert(experts, n_experts):
     """The assignments grouped by expert, in order within each. experts: each assignment's
     expert. -> order: the assignment in each slot; slot: each assignment's slot (order[slot[a]]
-    = a); counts: assignments per expert. experts.argsort(stable=True) and bincount, as a running
-    count that torch.compile keeps in one graph. Three tokens, top-2, three experts:
+    = a); counts: assignments per expert. The same as experts.argsort(stable=True) and bincount,
+    as a running count that torch.compile keeps in one graph. Three tokens, top-2, three experts:
 
         is_expert  0 1 0 0 0 1    running  0 1 1 1 1 2    one count: along expert 0's row,
                    0 0 0 1 0 0             2 2 2 3 3 3    then on along expert 1's, and so on
@@ -182,14 +182,14 @@ def group_by_expert(experts, n_experts):
 
 
 class CopyRows(torch.autograd.Function):
-    """CopyRows.apply(x, rows, bags) = x[rows], each token's row copied to its k slots; bags
-    (len(x), k) lists them. x[rows]'s backward scatter-adds copy by copy: this one sums each
+    """CopyRows.apply(x, tokens, bags) = x[tokens]: each token's row copied to its k slots; bags
+    (len(x), k) lists them. x[tokens]'s backward scatter-adds copy by copy: this one sums each
     token's bag in one pass (embedding_bag)."""
 
     @staticmethod
-    def forward(ctx, x, rows, bags):
+    def forward(ctx, x, tokens, bags):
         ctx.save_for_backward(bags)
-        return x.index_select(0, rows)
+        return x.index_select(0, tokens)
 
     @staticmethod
     def backward(ctx, grad):
@@ -198,27 +198,27 @@ class CopyRows(torch.autograd.Function):
 
 
 class WeightedSum(torch.autograd.Function):
-    """WeightedSum.apply(ys, weights, bags, rows)[t] = sum_c weights[t, c] * ys[bags[t, c]]:
-    each token's k expert outputs, weighted. rows[s]: the token whose bag holds row s. One
+    """WeightedSum.apply(ys, weights, bags, tokens)[t] = sum_c weights[t, c] * ys[bags[t, c]]:
+    each token's k expert outputs, weighted. tokens[s]: the token whose bag holds slot s. One
     embedding_bag; its backward is a gather, where embedding_bag's own would scatter-add."""
 
     @staticmethod
-    def forward(ctx, ys, weights, bags, rows):
-        ctx.save_for_backward(ys, weights, bags, rows)
+    def forward(ctx, ys, weights, bags, tokens):
+        ctx.save_for_backward(ys, weights, bags, tokens)
         return F.embedding_bag(bags, ys, per_sample_weights=weights, mode='sum')
 
     @staticmethod
     def backward(ctx, grad):
-        ys, weights, bags, rows = ctx.saved_tensors
-        grad_rows = grad.index_select(0, rows)  # row s: the gradient of the output it went to
-        row_weights = weights.new_empty(len(rows)).scatter_(0, bags.flatten(), weights.flatten())
-        grad_ys = grad_rows * row_weights[:, None]
-        grad_weights = (grad_rows * ys).sum(dim=1)[bags]  # d y[t] / d weights[t, c]
+        ys, weights, bags, tokens = ctx.saved_tensors
+        grad_slots = grad.index_select(0, tokens)  # slot s: the gradient of the output it went to
+        slot_weights = weights.new_empty(len(tokens)).scatter_(0, bags.flatten(), weights.flatten())
+        grad_ys = grad_slots * slot_weights[:, None]
+        grad_weights = (grad_slots * ys).sum(dim=1)[bags]  # d y[t] / d weights[t, c]
         return grad_ys, grad_weights, None, None
 
 
 def grouped_mm_ok(x, hidden):
-    """F.grouped_mm (torch >= 2.8): bf16, rows of 16 bytes, CUDA (or GROUPED_MM_ON_CPU)."""
+    """F.grouped_mm, where torch has it: bf16, rows of 16 bytes, CUDA (or GROUPED_MM_ON_CPU)."""
     aligned = x.shape[-1] % 8 == 0 and hidden % 8 == 0
     where = x.is_cuda or (x.is_cpu and GROUPED_MM_ON_CPU)
     return where and x.dtype == torch.bfloat16 and hasattr(F, 'grouped_mm') and aligned
@@ -261,7 +261,7 @@ class MoE(nn.Module):
             weights  (k * N,)  each assignment's routing weight, choice-major (a = choice * N + t)
             experts  (k * N,)  each assignment's expert, choice-major
 
-        Experts first (Mixtral's code: (N, E)): dim 0 is the experts, 10x faster on a CPU."""
+        Experts first (Mixtral's code: (N, E)): dim 0 is the experts, reduced along rows."""
         k = self.top_k
         # the router in fp32 even under autocast: Switch Transformer's "selective precision"
         with torch.autocast(x.device.type, enabled=False):
@@ -286,7 +286,7 @@ class MoE(nn.Module):
         N, k = x.shape[0], self.top_k
         order, slot, counts = group_by_expert(experts, self.n_experts)
         tokens = order % N  # slot s gets token tokens[s]'s row, for expert experts[order[s]]
-        slots = slot.view(k, N).t().contiguous()  # token t's k slots: (N, k), copied once, read 3x
+        slots = slot.view(k, N).t().contiguous()  # token t's k slots: (N, k), the bags
         weights = weights.view(k, N).t()  # and their routing weights, the same way
         ys = self.run_experts(CopyRows.apply(x, tokens, slots), counts)
         y = WeightedSum.apply(ys.float(), weights, slots, tokens)  # in fp32, also under autocast
@@ -453,7 +453,7 @@ def count_params(c, ffn=None):
 
 def solve_ffn_hidden(c):
     """The dense width closest to the MoE's active or total params (c.match): a multiple of
-    ffn_multiple_of within match_tol, else any width. At cpu_moe's: 176 and 352."""
+    ffn_multiple_of within match_tol, else any width. cpu_moe's 4 x 88 at d_model 44: 176, 352."""
     target = count_params(c, ffn='moe')[c.match]
     dense = count_params(c, ffn='dense')
     rest = dense['total'] - dense['ffn']  # embedding, attention, norms: as in the MoE
@@ -512,14 +512,14 @@ def print_param_table(c):
 def check_prepared(c):
     """data_dir's meta.json, its files checked against the config before the run starts."""
     path = {name: os.path.join(c.data_dir, name) for name in ('train.bin', 'val.bin', 'meta.json')}
-    tokenizer, stories = '', ''  # GPT-2 BPE, all of TinyStories: the paper's data
+    tokenizer_arg, stories_arg = '', ''  # GPT-2 BPE, all of TinyStories: the paper's data
     if c.vocab_size == 257:  # bytes of 5,510 stories: the CPU recipe's
-        tokenizer, stories = ' --tokenizer bytes', ' --hf_stories 5510'
-    prep = f'python prepare.py --out_dir {c.data_dir}{stories}{tokenizer}'
+        tokenizer_arg, stories_arg = ' --tokenizer bytes', ' --hf_stories 5510'
+    prep = f'python prepare.py --out_dir {c.data_dir}{stories_arg}{tokenizer_arg}'
     missing = [p for p in path.values() if not os.path.isfile(p)]
     if missing:
         raise UserError(f'{missing[0]} not found; prepare the data first: {prep} (or --input '
-                        f'FILE{tokenizer} for a local TinyStories text file)')
+                        f'FILE{tokenizer_arg} for a local TinyStories text file)')
     try:
         meta = json.load(open(path['meta.json']))
         tokens = {split: meta[f'{split}_tokens'] for split in ('train', 'val')}
@@ -793,7 +793,8 @@ def run(c):
                 save_checkpoint('best.pt', it, val_loss)
         return min(best_val, val_loss)
 
-    my_micro = range(rank, c.grad_accum, world)  # this process's share of each step's micro-batches
+    # this process's share of each step's micro-batches (grad_accum: a multiple of world, checked)
+    my_micro = range(rank, c.grad_accum, world)
     for it in range(start, iters):
         # evaluation and best.pt, on the fixed validation set (and once more after the last step)
         if it % c.eval_interval == 0:
@@ -806,7 +807,7 @@ def run(c):
 
         # forward and backward: every process has the step's windows and takes its micro-batches
         x, y = get_batch(c, it, device)
-        counts = 0  # each MoE layer's rows per expert in the whole step, for bias balancing
+        counts = 0  # this process's rows per expert and layer in the step, for bias balancing
         for i, micro in enumerate(my_micro):
             rows = slice(micro * c.batch_size, (micro + 1) * c.batch_size)
             last_micro = i == len(my_micro) - 1
@@ -840,7 +841,7 @@ def run(c):
         done = it + 1  # steps done; `iter` means the same in training and eval lines
         if done % c.log_interval == 0 or done == iters:
             record = {**meter.line(done, last_saved), 'lr': lr}
-            if aux:
+            if aux:  # the last micro-batch's
                 record.update(routing_record(runs.mean_over_processes(aux['routing'], world)))
             if master:
                 log.train(record, meter.names, iters)
