@@ -24,10 +24,8 @@ import train
 from errors import UserError, one_line_errors
 
 ROLES = ('dense_active', 'moe', 'dense_total')
-# the paper's best validation losses (mean, std over 3 seeds) and gaps, shown beside paper-scale
-# results
-PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012),
-         'dense_total': (1.5608, 0.0025)}
+# the paper's best val losses (mean, std over 3 seeds) and gaps, shown beside paper-scale results
+PAPER = {'moe': (1.5788, 0.0020), 'dense_active': (1.6545, 0.0012), 'dense_total': (1.5608, 0.0025)}
 PAPER_GAPS = {'active': 0.0758, 'total': 0.0180}
 ROUTING = ('busiest_frac', 'usage_var', 'router_entropy', 'log_z', 'dropped_frac')
 # a run has left the early plateau (training CE near 3.0) at its first logged step below this
@@ -38,6 +36,9 @@ EMPTY_CURVE = {'tokens': [], 'active': [], 'total': []}
 # the two gaps: which role is subtracted from which (a positive gap: the first model is worse)
 GAP_ROLES = {'active': ('dense_active', 'moe'), 'total': ('moe', 'dense_total')}
 GAP_LABELS = {'active': 'dense_active - moe', 'total': 'moe - dense_total'}
+# |paired t| (mean / standard error) past which a gap is decided, as study/claims.py decides claims
+T_DECIDES = 2.5
+ROLE_WORDS = {'moe': 'the MoE', 'dense_active': 'dense_active', 'dense_total': 'dense_total'}
 
 
 def role_of(name):
@@ -58,8 +59,7 @@ def mean_std(values):
 
 
 def read_records(path, lines, warn):
-    """The log's records; an unreadable line (e.g. the last of a run killed mid-write) is skipped
-    with a warning."""
+    """The log's records; an unreadable line (a run killed mid-write) is skipped with a warning."""
     records = []
     for line in filter(None, lines):
         try:
@@ -70,8 +70,7 @@ def read_records(path, lines, warn):
 
 
 def add_flops(config, records):
-    """The training FLOPs so far on every record, as train.py logs them; computed from the config
-    for logs written before it did (train.flops_per_token, the one count)."""
+    """Every record's training FLOPs so far, as train.py logs them (older logs: from the config)."""
     if 'flops_per_token' not in config:
         c = types.SimpleNamespace(**{**train.DEFAULTS, **config})
         config['flops_per_token'] = train.flops_per_token(c)
@@ -80,8 +79,7 @@ def add_flops(config, records):
 
 
 def train_seconds(records):
-    """Training time from the log, evaluation excluded: each training line's tokens since the
-    line before, over its tok_per_s."""
+    """Training time, evaluation excluded: each training line's new tokens over its tok_per_s."""
     seconds, tokens = 0.0, 0
     for r in records:
         if 'tok_per_s' in r:
@@ -100,8 +98,7 @@ def fastest_step_ms(config, records):
 
 
 def load_runs(paths, warn):
-    """{config name: {seed: run}} from run folders; folders that are not runs are reported and
-    skipped."""
+    """{config name: {seed: run}} from run folders; other folders are reported and skipped."""
     runs = defaultdict(dict)
     for path in paths:
         if not os.path.isfile(os.path.join(path, 'config.json')):
@@ -134,8 +131,7 @@ def load_runs(paths, warn):
             continue
         add_flops(config, records)
         best = min(finite, key=lambda r: r['val_loss'])
-        below = (r['iter'] for r in records if r.get('ce', math.inf) < EXIT_CE)
-        exit_step = next(below, None)
+        exit_step = next((r['iter'] for r in records if r.get('ce', math.inf) < EXIT_CE), None)
         finished = evals[-1]['iter'] == config.get('iters')
         runs[name][seed] = {'path': path, 'config': config, 'evals': evals, 'best': best,
                             'exit_step': exit_step, 'finished': finished,
@@ -150,20 +146,17 @@ def load_runs(paths, warn):
 
 
 def paired(a, b):
-    """Seed-paired differences a - b of best validation losses, over the seeds both configs have:
-    mean, sample std, standard error of the mean (std / sqrt(n)), n, how many are > 0, and each
-    seed's; None without a shared seed."""
+    """Seed-paired differences a - b of best val losses over the seeds both have: mean, sample std,
+    standard error (std / sqrt(n)), n, how many > 0, each seed's; None without a shared seed."""
     seeds = sorted(set(a) & set(b))
     per_seed = {str(s): a[s]['best']['val_loss'] - b[s]['best']['val_loss'] for s in seeds}
     if not per_seed:
         return None
     mean, std = mean_std(list(per_seed.values()))
     n = len(per_seed)
-    # one seed has no standard error
-    se = std / math.sqrt(n) if n > 1 else None
+    se = std / math.sqrt(n) if n > 1 else None  # one seed has no standard error
     positive = sum(v > 0 for v in per_seed.values())
-    return {'mean': mean, 'std': std, 'se': se, 'n': n, 'positive': positive,
-            'per_seed': per_seed}
+    return {'mean': mean, 'std': std, 'se': se, 'n': n, 'positive': positive, 'per_seed': per_seed}
 
 
 def val_at_tokens(run):
@@ -172,8 +165,7 @@ def val_at_tokens(run):
 
 
 def gap_vs_tokens(a, b):
-    """Mean over paired seeds of val_loss(a) - val_loss(b) at every eval point that all of them
-    share."""
+    """Mean over paired seeds of val_loss(a) - val_loss(b) at every eval point they all share."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return {}
@@ -198,27 +190,34 @@ def routing_diagnostics(name, seeds, warn):
         warn(f'{name}: {len(seeds) - len(routed)} seed(s) logged no routing statistics')
     diagnostics = {key: mean_and_std([b[key] for b in routed]) for key in ROUTING}
     # per expert, over seeds
-    per_expert = zip(*(b['load'] for b in routed))
-    diagnostics['load'] = [mean_and_std(list(v)) for v in per_expert]
+    diagnostics['load'] = [mean_and_std(list(v)) for v in zip(*(b['load'] for b in routed))]
+    diagnostics['n'] = len(routed)  # the seeds the std is over: none from one
     return diagnostics
 
 
+def judged(gap, g):
+    """A paired gap with its paired t (None under two seeds or without spread), whether it is
+    decided, the role ahead (None: a tie or no gap) and whether that is the paper's sign."""
+    first, second = GAP_ROLES[gap]
+    t = g['mean'] / g['se'] if g['se'] else None
+    ahead = None if not g['mean'] else (second if g['mean'] > 0 else first)  # > 0: first worse
+    return {**g, 't': t, 'decided': t is not None and abs(t) > T_DECIDES, 'ahead': ahead,
+            'paper_sign': None if ahead is None else (g['mean'] > 0) == (PAPER_GAPS[gap] > 0)}
+
+
 def family_gaps(runs, roles):
-    """-> (gaps, gap_vs_tokens) of one family: both seed-paired gaps and their curves over
-    training, for the roles it has."""
+    """-> (gaps, gap_vs_tokens) of a family: both seed-paired gaps, judged, and their curves."""
     gaps = {gap: NO_GAP for gap in GAP_ROLES}
     curves = {}
     for gap, (a, b) in GAP_ROLES.items():
         if a in roles and b in roles:
             gaps[gap] = paired(runs[roles[a]], runs[roles[b]]) or NO_GAP
             curves[gap] = gap_vs_tokens(runs[roles[a]], runs[roles[b]])
-    tokens = []
-    if curves:
-        tokens = sorted(set.intersection(*(set(c) for c in curves.values())))
+    tokens = sorted(set.intersection(*(set(c) for c in curves.values()))) if curves else []
     curve = {'tokens': tokens}
     for gap in GAP_ROLES:
         curve[gap] = [curves[gap][t] for t in tokens] if gap in curves else []
-    return gaps, curve
+    return {gap: judged(gap, g) for gap, g in gaps.items()}, curve
 
 
 def summarise(runs, warn, role_of=role_of):
@@ -256,8 +255,7 @@ def summarise(runs, warn, role_of=role_of):
             if a in roles and b in roles and not gaps[gap]['n']:
                 warn(f'{roles[a]} and {roles[b]} share no seed: no {gap} gap')
         out['families'][family] = {'configs': roles, 'gaps': gaps, 'gap_vs_tokens': curve}
-    # the top-level gaps are the first complete family's (paper scale sorts first), as scripts
-    # expect
+    # the top-level gaps: the first complete family's (paper scale sorts first), as scripts expect
     headline = headline_family(out['families'])
     out['gaps'], out['gap_vs_tokens'] = headline['gaps'], headline['gap_vs_tokens']
     out['diagnostics'] = {name: c['diagnostics'] for name, c in configs.items()
@@ -272,7 +270,7 @@ def headline_family(families):
             return fam
     if families:
         return next(iter(families.values()))
-    return {'gaps': {gap: NO_GAP for gap in GAP_ROLES}, 'gap_vs_tokens': EMPTY_CURVE}
+    return {'gaps': {gap: judged(gap, NO_GAP) for gap in GAP_ROLES}, 'gap_vs_tokens': EMPTY_CURVE}
 
 
 def seed_curves(seeds, key, x='tokens'):
@@ -293,8 +291,7 @@ def pointwise_mean(curves):
 
 
 def trained_val_curves(seeds, x):
-    """seed_curves of the validation loss without the untrained model's point (x = 0): its loss
-    would squash a plot's axis."""
+    """seed_curves of the val loss less the untrained point (x = 0), which would squash a plot."""
     points, curves = seed_curves(seeds, 'val_loss', x)
     if points and points[0] == 0:
         points, curves = points[1:], [c[1:] for c in curves]
@@ -302,13 +299,19 @@ def trained_val_curves(seeds, x):
 
 
 # ----------------------------------------------------------------------------- report.md
-def mean_pm_std(mean, std):
-    return f'{mean:.4f} ± {std:.4f}'
+def mean_pm_std(mean, std, n=None, fmt='.4f'):
+    """mean ± std over n seeds; the mean alone from one seed, which has no spread."""
+    if n == 1:
+        return f'{mean:{fmt}}'
+    return f'{mean:{fmt}} ± {std:.4f}'
+
+
+def seeds_text(n):
+    return '1 seed' if n == 1 else f'{n} seeds'
 
 
 def exit_text(exit_steps):
-    """The "leaves the plateau" cell: mean [min-max] of the runs that left, and how many never
-    did."""
+    """The "leaves the plateau" cell: mean [min-max] of the runs that left, how many never did."""
     steps = [s for s in exit_steps.values() if s is not None]
     never = len(exit_steps) - len(steps)
     parts = []
@@ -320,26 +323,22 @@ def exit_text(exit_steps):
 
 
 def config_lines(summary):
-    lines = [
-        '| config | role | total params | active params | training FLOPs | seeds | '
-        'best val loss | paper | leaves the plateau |',
-        '|---|---|---|---|---|---|---|---|---|',
-    ]
+    lines = ['| config | role | total params | active params | training FLOPs | seeds | '
+             'best val loss | paper | leaves the plateau |',
+             '|---|---|---|---|---|---|---|---|---|']
     for name, c in summary['configs'].items():
         paper = mean_pm_std(*PAPER[c['role']]) if name in ROLES else ''
         lines.append(f'| {name} | {c["role"] or "-"} | {c["total"]:,} | {c["active"]:,} | '
                      f'{c["flops"]:.3g} | {",".join(c["seeds"])} | '
-                     f'{mean_pm_std(c["mean"], c["std"])} | {paper} | '
+                     f'{mean_pm_std(c["mean"], c["std"], len(c["seeds"]))} | {paper} | '
                      f'{exit_text(c["exit_step"])} |')
     return lines
 
 
 def family_lines(family, fam):
-    title = family.rstrip('_') or 'paper scale'
     lines = [
-        '', f'## Gaps: {title}', '',
-        'Seed-paired differences of best validation loss; positive = the first model is worse.',
-        '',
+        '', f'## Gaps: {family.rstrip("_") or "paper scale"}', '',
+        'Seed-paired differences of best validation loss; positive = the first model is worse.', '',
         '| gap | mean ± std | standard error | seeds > 0 | per seed | paper |',
         '|---|---|---|---|---|---|',
     ]
@@ -353,8 +352,11 @@ def family_lines(family, fam):
         # the paper's gaps sit beside the paper-scale family only
         paper = '' if family else f'{PAPER_GAPS[gap]:+.4f}'
         se = '-' if g['se'] is None else f'{g["se"]:.4f}'
-        lines.append(f'| {label} | {g["mean"]:+.4f} ± {g["std"]:.4f} | {se} | {g["positive"]} '
-                     f'of {g["n"]} | {per_seed} | {paper} |')
+        lines.append(f'| {label} | {mean_pm_std(g["mean"], g["std"], g["n"], "+.4f")} | {se} | '
+                     f'{g["positive"]} of {g["n"]} | {per_seed} | {paper} |')
+    said = [gap_sentence(gap, g) for gap, g in fam['gaps'].items() if g['n']]
+    if said:
+        lines += [''] + said
     curve = fam['gap_vs_tokens']
     shown = [g for g in GAP_ROLES if curve[g]]
     if curve['tokens'] and shown:
@@ -369,6 +371,31 @@ def family_lines(family, fam):
     return lines
 
 
+def gap_sentence(gap, g):
+    """A gap in words: who leads by how much, what its seeds decide, a sign unlike the paper's."""
+    first, second = GAP_ROLES[gap]
+    words = f'{ROLE_WORDS[first]} and {ROLE_WORDS[second]} tie'
+    if g['ahead']:
+        behind = first if g['ahead'] == second else second
+        words = f'{ROLE_WORDS[g["ahead"]]} is ahead of {ROLE_WORDS[behind]} by {abs(g["mean"]):.4f}'
+    sign = ''
+    if g['paper_sign'] is False:
+        sign = f'; the other sign from the paper\'s {PAPER_GAPS[gap]:+.4f}'
+    return f'- matched-{gap}: {words} {verdict_text(g)}{sign}.'
+
+
+def verdict_text(g):
+    """What a gap's seeds decide: nothing from one seed, else what its paired t says."""
+    n, t = g['n'], g['t']
+    if n == 1:
+        return 'on 1 seed: one seed decides nothing'
+    if t is None:
+        return f'over {n} seeds without spread: no t, nothing decided'
+    if g['decided']:
+        return f'over {n} seeds, paired t {t:.2f}: decided (|t| > {T_DECIDES})'
+    return f'over {n} seeds, paired t {t:.2f}: not decided (|t| ≤ {T_DECIDES})'
+
+
 def routing_lines(diagnostics):
     lines = [
         '', '## Routing at the best checkpoint', '',
@@ -379,7 +406,7 @@ def routing_lines(diagnostics):
         '|---|' + '---|' * (len(ROUTING) + 1),
     ]
     for name, d in diagnostics.items():
-        stats = ' | '.join(mean_pm_std(d[k]['mean'], d[k]['std']) for k in ROUTING)
+        stats = ' | '.join(mean_pm_std(d[k]['mean'], d[k]['std'], d['n']) for k in ROUTING)
         load = ', '.join(f'{e["mean"]:.3f}' for e in d['load'])
         lines.append(f'| {name} | ' + stats + ' | ' + load + ' |')
     return lines
@@ -454,8 +481,7 @@ def family_plots(plt, summary, runs, out_dir):
 
 
 def plot(summary, runs, out_dir):
-    """PNG files next to report.md: val loss vs tokens and FLOPs, both gaps vs tokens, expert load
-    over training."""
+    """PNGs beside report.md: val loss vs tokens and FLOPs, both gaps vs tokens, expert load."""
     plt = pyplot()
     written = family_plots(plt, summary, runs, out_dir)
     if summary['diagnostics']:
@@ -474,13 +500,15 @@ def plot_val_loss(plt, fam, runs, out_dir, tag, x):
         points, curves = trained_val_curves(runs[name], x)
         if not points:
             continue
-        ax.plot(points, pointwise_mean(curves), label=f'{name} ({len(curves)} seeds)')
-        low = [min(v) for v in zip(*curves)]
-        high = [max(v) for v in zip(*curves)]
-        ax.fill_between(points, low, high, alpha=0.25)
+        line, = ax.plot(points, pointwise_mean(curves), label=f'{name} ({seeds_text(len(curves))})')
+        if len(curves) > 1:  # a band from two seeds on
+            low = [min(v) for v in zip(*curves)]
+            high = [max(v) for v in zip(*curves)]
+            # the line's colour: a config without a band must not shift the bands' colours
+            ax.fill_between(points, low, high, alpha=0.25, facecolor=line.get_color())
     xlabel = 'training FLOPs' if x == 'flops' else 'training tokens'
-    ax.set(xlabel=xlabel, ylabel='validation loss',
-           title=f'{tag}: validation loss (band: min-max over seeds)')
+    band = ' (band: min-max over seeds)' if ax.collections else ''
+    ax.set(xlabel=xlabel, ylabel='validation loss', title=f'{tag}: validation loss{band}')
     low = min((line.get_ydata().min() for line in ax.get_lines()), default=None)
     # early losses would squash the interesting end
     if low is not None and math.isfinite(low):
@@ -491,12 +519,15 @@ def plot_val_loss(plt, fam, runs, out_dir, tag, x):
 
 
 def plot_gaps(plt, curve, out_dir, tag):
+    """Both gaps against tokens; they subtract in opposite orders: each says where the MoE leads."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for gap, label in GAP_LABELS.items():
+        side = 'above' if GAP_ROLES[gap][1] == 'moe' else 'below'
         if curve[gap]:
-            ax.plot(curve['tokens'], curve[gap], marker='o', label=f'{gap} gap: {label}')
+            ax.plot(curve['tokens'], curve[gap], marker='o',
+                    label=f'{gap} gap: {label} (the MoE ahead {side} 0)')
     ax.axhline(0, color='gray', lw=0.8)
-    ax.set(xlabel='training tokens', ylabel='val loss difference',
+    ax.set(xlabel='training tokens', ylabel='val loss difference (first - second model)',
            title=f'{tag}: gaps over training (mean over seeds)')
     ax.legend()
     return save(fig, out_dir, f'{tag}_gaps.png')
@@ -549,8 +580,7 @@ def parser(description):
 
 
 def read_runs(patterns, warnings):
-    """load_runs over run folders or globs, its warnings added to warnings; an error without
-    runs."""
+    """load_runs over run folders or globs, its warnings into warnings; an error without runs."""
     # a pattern that matches nothing stands for itself (a folder named as given, or a warning)
     paths = sorted({path for pattern in patterns for path in (glob.glob(pattern) or [pattern])})
     runs = load_runs([p for p in paths if os.path.isdir(p)], warnings.append)

@@ -165,13 +165,108 @@ def test_missing_runs_are_reported_not_fatal(runs, capsys):
     (runs / 'out' / 'junk' / 'config.json').write_text('{"seed": 1}')
     r = make_report(runs)
     assert r['gaps']['total'] == {'mean': None, 'std': None, 'se': None, 'n': 0, 'positive': 0,
-                                  'per_seed': {}}
+                                  'per_seed': {}, 't': None, 'decided': False, 'ahead': None,
+                                  'paper_sign': None}
     # seeds 1 and 2 are paired
     assert r['gaps']['active']['n'] == 2
     assert r['gap_vs_tokens']['total'] == [] and len(r['gap_vs_tokens']['active']) == 3
     text = capsys.readouterr().out
     assert 'missing cpu_dense_total' in text and 'skipped' in text and 'junk' in text
     assert '| cpu_moe | moe |' in text and (runs / 'rep' / 'cpu_val_loss.png').exists()
+
+
+def drawn_plots(monkeypatch):
+    """{file name: (title, y label, legend entries, bands)} of the plots report.py draws, each
+    figure read where report.save would write it."""
+    import matplotlib.pyplot as plt
+    drawn = {}
+
+    def save(fig, out_dir, name):
+        ax = fig.axes[0]
+        legend = [text.get_text() for text in ax.get_legend().get_texts()]
+        drawn[name] = (ax.get_title(), ax.get_ylabel(), legend, len(ax.collections))
+        plt.close(fig)
+        return name
+    monkeypatch.setattr(report, 'save', save)
+    return drawn
+
+
+def test_gaps_in_words_with_their_paired_t_and_verdict(runs, monkeypatch):
+    """Three seeds: the active gap's t passes 2.5, the total gap's does not; both have the paper's
+    sign. The plots say how many seeds they show, and where each gap has the MoE ahead."""
+    drawn = drawn_plots(monkeypatch)
+    r = make_report(runs)
+    text = (runs / 'rep' / 'report.md').read_text()
+    expected = {}
+    for gap, (a, b) in (('active', ('cpu_dense_active', 'cpu_moe')),
+                        ('total', ('cpu_moe', 'cpu_dense_total'))):
+        diffs = [BEST[a][s] - BEST[b][s] for s in (1, 2, 3)]
+        expected[gap] = (statistics.mean(diffs),
+                         statistics.mean(diffs) / (statistics.stdev(diffs) / math.sqrt(3)))
+    (active, t_active), (total, t_total) = expected['active'], expected['total']
+    # 0.0467 / 0.0145 and 0.01 / 0.01
+    assert t_active == pytest.approx(3.212, abs=1e-3) and t_total == pytest.approx(1.0)
+    assert (f'- matched-active: the MoE is ahead of dense_active by {active:.4f} over 3 seeds, '
+            f'paired t {t_active:.2f}: decided (|t| > 2.5).') in text.splitlines()
+    assert (f'- matched-total: dense_total is ahead of the MoE by {total:.4f} over 3 seeds, '
+            f'paired t {t_total:.2f}: not decided (|t| ≤ 2.5).') in text.splitlines()
+    assert 'other sign' not in text and 'decides nothing' not in text
+    for gap, t, decided, ahead in (('active', t_active, True, 'moe'),
+                                   ('total', t_total, False, 'dense_total')):
+        g = r['families']['cpu_']['gaps'][gap]
+        assert g['t'] == pytest.approx(t) and g['decided'] is decided
+        assert g['ahead'] == ahead and g['paper_sign'] is True
+        # the headline gaps are the same
+        assert r['gaps'][gap] == g
+
+    title, _, legend, bands = drawn['cpu_val_loss.png']
+    assert legend == ['cpu_dense_active (3 seeds)', 'cpu_moe (3 seeds)',
+                      'cpu_dense_total (3 seeds)']
+    assert 'min-max' in title and bands == 3
+    _, ylabel, legend, _ = drawn['cpu_gaps.png']
+    assert legend == ['active gap: dense_active - moe (the MoE ahead above 0)',
+                      'total gap: moe - dense_total (the MoE ahead below 0)']
+    assert ylabel == 'val loss difference (first - second model)'
+
+
+def test_one_seed_decides_nothing_and_shows_no_spread(tmp_path, monkeypatch):
+    """make cpu SEEDS=1: the MoE ahead of both dense models, by 0.03 (the paper's sign) and by 0.05
+    (the other sign from the paper's)."""
+    bests = {'cpu_moe': (1.20, 270, 160, True), 'cpu_dense_active': (1.23, 160, 160, False),
+             'cpu_dense_total': (1.25, 271, 271, False)}
+    for name, (best, total, active, moe) in bests.items():
+        write_run(tmp_path / 'out' / name, name, 1, total, active, moe, best_val=best)
+    drawn = drawn_plots(monkeypatch)
+    r = make_report(tmp_path)
+    lines = (tmp_path / 'rep' / 'report.md').read_text().splitlines()
+    assert ('- matched-active: the MoE is ahead of dense_active by 0.0300 on 1 seed: one seed '
+            'decides nothing.') in lines
+    assert ('- matched-total: the MoE is ahead of dense_total by 0.0500 on 1 seed: one seed '
+            'decides nothing; the other sign from the paper\'s +0.0180.') in lines
+    # no spread from one seed: not in the table, the gaps or the routing
+    assert not any('± 0.0000' in line for line in lines)
+    assert any(line.startswith('| matched-active: dense_active - moe | +0.0300 | - |')
+               for line in lines)
+    gaps = r['gaps']
+    assert gaps['active']['t'] is None and gaps['active']['decided'] is False
+    assert (gaps['active']['ahead'], gaps['active']['paper_sign']) == ('moe', True)
+    assert (gaps['total']['ahead'], gaps['total']['paper_sign']) == ('moe', False)
+
+    title, _, legend, bands = drawn['cpu_val_loss.png']
+    assert legend == ['cpu_dense_active (1 seed)', 'cpu_moe (1 seed)', 'cpu_dense_total (1 seed)']
+    assert title == 'cpu: validation loss' and bands == 0
+
+
+@pytest.mark.parametrize('mean,decided,ahead,paper_sign', [(0.026, True, 'moe', True),
+                                                           (0.024, False, 'moe', True),
+                                                           (-0.024, False, 'dense_active', False),
+                                                           (-0.026, True, 'dense_active', False)])
+def test_an_active_gap_is_decided_where_its_t_passes_2_5(mean, decided, ahead, paper_sign):
+    """t = mean / standard error: 0.026 / 0.01 = 2.6 and 0.024 / 0.01 = 2.4, either sign."""
+    gap = {'mean': mean, 'std': 0.02, 'se': 0.01, 'n': 4, 'positive': 2, 'per_seed': {}}
+    g = report.judged('active', gap)
+    assert g['t'] == pytest.approx(mean / 0.01)
+    assert (g['decided'], g['ahead'], g['paper_sign']) == (decided, ahead, paper_sign)
 
 
 def damage_logs(runs):
