@@ -7,17 +7,15 @@ AutoTokenizer and a model card (README.md) whose figures come from the run's che
     python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('hf/moe-s1')"
 
 Our layout is already Llama's: RoPE in rotate-half order, RMSNorm, SwiGLU, no biases, an lm_head
-tied to the embedding. Export splits the fused qkv projection into q/k/v, transposes the stacked
-expert matrices into Mixtral's per-expert w1 (gate), w3 (up), w2 (down), and writes the Hub's
-Mixtral names, which every transformers version and the tools that read the format load.
-transformers itself is not needed to export.
-The tokenizer: GPT-2 runs get GPT-2's BPE files (tiktoken's); bytes runs a byte-level
-tokenizer.json (ids 0-255 are the UTF-8 bytes, 256 is <|endoftext|>, as in prepare.ByteTokenizer),
-built with the tokenizers package (imported for bytes runs only; transformers installs it).
-What cannot be exported, and says why: top-1 MoE runs (their routing weight is the raw softmax
-probability, as in Switch, while Mixtral always renormalises the top-k weights, which at top-1
-makes every weight 1), and the variants with a shared expert or a selection bias (Mixtral has
-neither). sample.py runs any checkpoint.
+tied to the embedding. Export (without transformers) splits the fused qkv into q/k/v, transposes the
+stacked expert matrices into Mixtral's per-expert w1 (gate), w3 (up), w2 (down), and writes the
+Hub's Mixtral names, which every transformers version and tool reading the format loads. GPT-2 runs
+get GPT-2's BPE files (tiktoken's); bytes runs a byte-level tokenizer.json (ids 0-255 the UTF-8
+bytes, 256 <|endoftext|>, as in prepare.ByteTokenizer), built by the tokenizers package (imported
+for bytes runs only; transformers installs it). router_aux_loss_coef is aux_loss_coef / top_k, to
+weigh transformers' load balancing as the run weighed ours; Mixtral has no router z-loss, as the
+model card says. Refused, and why: top-1 runs (Mixtral renormalises their routing weight to 1), a
+shared expert or a selection bias (Mixtral has neither). sample.py runs any checkpoint.
 """
 import argparse
 import json
@@ -30,8 +28,15 @@ from safetensors.torch import save_file
 
 import train
 from errors import UserError, one_line_errors
-from plumbing import load_checkpoint
 from prepare import HF_DATASET
+from runs import load_checkpoint
+
+EOT = '<|endoftext|>'
+EXPORTABLE = ('export_hf.py writes dense runs and MoE runs with top_k >= 2, no shared expert and '
+              'no bias_rate; sample.py runs any checkpoint')
+# config keys that say where the run's files and logs went, not what the model is
+NOT_THE_MODEL = ('out_dir', 'config_name', 'data_dir', 'resume', 'print_params', 'wandb_log',
+                 'wandb_project', 'wandb_run_name')
 
 
 def architecture(c):
@@ -57,11 +62,16 @@ def hf_config(c, eot_id):
     }
     if moe:
         config.update(num_local_experts=c['n_experts'], num_experts_per_tok=c['top_k'],
-                      sliding_window=None, router_aux_loss_coef=c['aux_loss_coef'],
+                      sliding_window=None, router_aux_loss_coef=router_aux_loss_coef(c),
                       output_router_logits=False, router_jitter_noise=0.0)
     else:
         config.update(mlp_bias=False)
     return config
+
+
+def router_aux_loss_coef(c):
+    """aux_loss_coef / top_k: transformers' balancing loss is top_k times ours (training_losses)."""
+    return c['aux_loss_coef'] / c['top_k']
 
 
 def hf_state_dict(c, sd):
@@ -89,9 +99,6 @@ def hf_state_dict(c, sd):
             for name in ('gate', 'up', 'down'):
                 out[f'{hf}mlp.{name}_proj.weight'] = sd[f'{ours}ffn.{name}.weight']
     return {name: t.detach().float().contiguous().clone() for name, t in out.items()}
-
-
-EOT = '<|endoftext|>'
 
 
 def write_gpt2_tokenizer(folder, block_size):
@@ -122,8 +129,7 @@ def write_bytes_tokenizer(folder, block_size):
     except ImportError:
         raise UserError('bytes runs export their tokenizer with the tokenizers package; '
                         'pip install tokenizers (or transformers)') from None
-    # ByteLevel spells byte b as a printable character: itself where printable, else 256, 257, ...
-    # in byte order
+    # ByteLevel spells byte b as itself where printable, else as chr(256), chr(257), ... in order
     printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
     others = iter(range(256, 512))
     vocab = {chr(b) if b in printable else chr(next(others)): b for b in range(256)}
@@ -158,17 +164,12 @@ def load_run(path):
     return ckpt
 
 
-EXPORTABLE = ('export_hf.py writes dense runs and MoE runs with top_k >= 2, no shared expert and '
-              'no bias_rate; sample.py runs any checkpoint')
-
-
 def not_mixtral(c):
     """Why an MoE run's layout is not Mixtral's, or None where it is (or the run is dense)."""
     if c['ffn'] != 'moe':
         return None
     if c['top_k'] < 2:
-        return ('a top-1 run keeps the raw routing probability, which Mixtral cannot express (it '
-                'renormalises the top-k weights)')
+        return 'a top-1 run keeps the raw routing probability, which Mixtral renormalises to 1'
     if c.get('shared_hidden'):
         return 'Mixtral has no shared expert'
     if c.get('bias_rate'):
@@ -182,9 +183,8 @@ def best_eval(out_dir, until):
     path = os.path.join(out_dir, 'log.jsonl')
     if not os.path.isfile(path):
         return None
-    lines = open(path).read().splitlines()
     evals = []
-    for line in lines:
+    for line in open(path).read().splitlines():
         try:
             r = json.loads(line)
         except ValueError:  # a line torn by a kill mid-write
@@ -197,30 +197,42 @@ def best_eval(out_dir, until):
     return best['val_loss'], best['iter']
 
 
-# config keys that say where the run's files and logs went, not what the model is
-NOT_THE_MODEL = ('out_dir', 'config_name', 'data_dir', 'resume', 'print_params', 'wandb_log',
-                 'wandb_project', 'wandb_run_name')
+def training_losses(c):
+    """The model card's section on an MoE run's losses and what transformers keeps of them."""
+    a, z, k = c['aux_loss_coef'], c['z_loss_coef'], c['top_k']
+    return f"""## Training loss
+
+The run minimised cross-entropy + {a:g} × load balancing + {z:g} × router z-loss, the last two
+averaged over the MoE layers. Load balancing is Switch Transformer's E · Σ_i f_i · P_i per layer
+(E experts; f_i: the share of the layer's top-{k} assignments that went to expert i; P_i: its mean
+router probability), 1 when balanced. The z-loss is the mean square of the log of each token's
+softmax denominator over the router logits, which keeps them small.
+
+With `output_router_logits=True`, transformers adds `router_aux_loss_coef * aux_loss` to the loss.
+Its aux_loss counts each of the top-{k} choices in full ({k} when balanced) and pools the layers'
+tokens, so config.json's router_aux_loss_coef is {a:g} / {k} = {router_aux_loss_coef(c):g}: then
+`router_aux_loss_coef * aux_loss` is about {a:g} × our load balancing (they differ by as much as
+the layers' routing differs), and a fine-tune balances the experts as hard as this run did.
+transformers has no router z-loss: a fine-tune there goes without it.
+
+"""
 
 
 def model_card(name, ckpt, best, to):
-    """README.md: the hub's metadata block, what the model is, its figures, all from the run's
-    files (the checkpoint's config, meta, iter and tokens, and best: (val loss, step) from its log,
-    or None),
-    and how to load it with transformers and generate."""
+    """README.md: the hub's metadata, what the model is, its figures from the run's files (ckpt;
+    best: (val loss, step) from its log, or None) and how to load it and generate."""
     c, meta = ckpt['config'], ckpt['meta']
     moe = c['ffn'] == 'moe'
     params = train.count_params(types.SimpleNamespace(**{**train.DEFAULTS, **c}))
     changed = [f'`{k}={v!r}`' for k, v in c.items()
                if k in train.DEFAULTS and k not in NOT_THE_MODEL and v != train.DEFAULTS[k]]
     shape = f'{c["n_layer"]} layers, d_model {c["d_model"]}, {c["n_head"]} heads'
+    ffn = f'a SwiGLU of width {c["ffn_hidden"]}'
     if moe:
         ffn = f'{c["n_experts"]} SwiGLU experts of width {c["moe_hidden"]}, top-{c["top_k"]}'
-    else:
-        ffn = f'a SwiGLU of width {c["ffn_hidden"]}'
+    tokenizer = f'bytes: ids 0-255 are the UTF-8 bytes, {meta["eot_id"]} is {EOT}'
     if meta['tokenizer'] == 'gpt2':
-        tokenizer = f'GPT-2 BPE, {meta["vocab_size"]:,} ids; {meta["eot_id"]} is <|endoftext|>'
-    else:
-        tokenizer = f'bytes: ids 0-255 are the UTF-8 bytes, {meta["eot_id"]} is <|endoftext|>'
+        tokenizer = f'GPT-2 BPE, {meta["vocab_size"]:,} ids; {meta["eot_id"]} is {EOT}'
     kind = 'Mixtral-style mixture-of-experts' if moe else 'LLaMA-style dense'
     if best is None:  # no log: the checkpoint's own best so far, whose step only the log knows
         best_text = f'{ckpt["best_val"]:.4f}, the best up to step {ckpt["iter"]:,}'
@@ -256,7 +268,7 @@ with such stories and is not for use beyond that research.
 | best val loss | {best_text} (cross-entropy per token, nats) |
 | config beyond tinymoe's defaults | {', '.join(changed) or 'none'} |
 
-## Use
+{training_losses(c) if moe else ''}## Use
 
 ```python
 import torch
@@ -290,8 +302,10 @@ def export(out_dir, to, ckpt_name='best.pt'):
             json.dump(hf_config(c, meta['eot_id']), f, indent=2)
         with open(os.path.join(tmp, 'generation_config.json'), 'w') as f:
             json.dump({'bos_token_id': meta['eot_id'], 'eos_token_id': meta['eot_id']}, f, indent=2)
-        save_file(hf_state_dict(c, sd), os.path.join(tmp, 'model.safetensors'),
-                  metadata={'format': 'pt'})
+        weights = os.path.join(tmp, 'model.safetensors')
+        save_file(hf_state_dict(c, sd), weights, metadata={'format': 'pt'})
+        # safetensors writes 0600: config.json's mode (0666 less the umask) lets others read it
+        shutil.copymode(os.path.join(tmp, 'config.json'), weights)
         if meta['tokenizer'] == 'gpt2':
             write_gpt2_tokenizer(tmp, c['block_size'])
         else:

@@ -7,7 +7,8 @@ expert takes, and when the routing settles during training.
     python route.py --out_dir out/cpu_moe-s1 --stats          # statistics on the validation split
     python route.py --out_dir out/cpu_moe-s1 --settle         # needs --keep_checkpoints=True runs
 
-The text goes to the terminal (one coloured band per layer), route.html (hover a token for its
+The text goes to the terminal (one coloured band per layer; on a pipe, a file or with NO_COLOR
+set, each layer's experts as characters under the text), route.html (hover a token for its
 top-k experts and weights) and route.png; --stats writes stats.json and stats.md, --settle
 settle.json and settle.png, all in <out_dir>/route/. docs/reference.md defines each statistic.
 """
@@ -24,13 +25,17 @@ import numpy as np
 import torch
 
 from errors import UserError, one_line_errors
+from report import pyplot
 from sample import generate, load_model, read_start
 from train import MoE
 
-# an expert's colour in the terminal, the HTML and the PNG (light, under black text); past 16
-# experts the colours repeat
+# an expert's colour in the terminal, HTML and PNG (light, under black text); past 16 they repeat
 COLOURS = ('#8dd3c7', '#ffffb3', '#bebada', '#fb8072', '#80b1d3', '#fdb462', '#b3de69', '#fccde5',
            '#d9d9d9', '#bc80bd', '#ccebc5', '#ffed6f', '#a6cee3', '#b2df8a', '#fdbf6f', '#cab2d6')
+# an expert's mark under the text where the output takes no colour; past 36 experts they repeat
+MARKS = string.digits + string.ascii_lowercase
+# what token_texts' symbols stand for, in the bands' legends
+SYMBOLS = '↵ is a newline, ¶ the end of a text (EOT)'
 # the byte classes of a bytes-tokenizer run, for the token-class statistics
 BYTE_CLASSES = ('letter', 'digit', 'space', 'newline', 'punctuation', 'other')
 # --settle reads this many windows, spread evenly over the split: ~16K tokens at the CPU recipe,
@@ -116,8 +121,7 @@ def validation_windows(out_dir, text_path, tok, block_size):
 
 # ----------------------------------------------------------------------------- one text, shown
 def token_label(tok, i):
-    """A token in the statistics: its text, ¶ for EOT, <byte> for a byte that is no character
-    alone."""
+    """A token in the statistics: its text, ¶ for EOT, <id> where it is no character alone."""
     if i == tok.eot_id:
         return '¶'
     text = tok.decode([i])
@@ -135,13 +139,24 @@ def background(expert, text):
     return f'\x1b[48;2;{r};{g};{b}m\x1b[30m{text}\x1b[0m'
 
 
+def layer_rows(texts, experts, cell):
+    """A row per layer: 'layer i: ', then each token as cell(first choice, text) shows it."""
+    return [f'layer {layer}: ' + ''.join(cell(c[0], t) for t, c in zip(texts, choices))
+            for layer, choices in enumerate(experts)]
+
+
 def terminal_bands(texts, experts, n_experts):
     """A legend, then the text once per layer, each token on its first choice's colour."""
-    lines = ['experts: ' + ' '.join(background(e, f' {e} ') for e in range(n_experts))]
-    for layer, choices in enumerate(experts):
-        lines.append(f'layer {layer}: ' + ''.join(background(c[0], t)
-                                                 for t, c in zip(texts, choices)))
-    return '\n'.join(lines)
+    legend = ' '.join(background(e, f' {e} ') for e in range(n_experts))
+    return '\n'.join([f'experts: {legend}   {SYMBOLS}'] + layer_rows(texts, experts, background))
+
+
+def plain_bands(texts, experts, n_experts):
+    """terminal_bands in plain text: the text, then under it each layer's first choices as marks."""
+    marks = [MARKS[e % len(MARKS)] for e in range(n_experts)]
+    lines = [f"under the text, each layer's first choice (experts {' '.join(marks)})   {SYMBOLS}",
+             'text:    ' + ''.join(texts)]
+    return '\n'.join(lines + layer_rows(texts, experts, lambda e, text: marks[e] * len(text)))
 
 
 def html_page(texts, experts, weights, n_experts, title):
@@ -202,9 +217,7 @@ def wrap(texts, width):
 def text_figure(texts, experts, n_experts, title, path, width=72):
     """Mixtral's figure (its paper's section 5): the text once per layer, in a monospace grid,
     each token on its first choice's colour."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch, Rectangle
     cells = wrap(texts, width)
     rows = cells[-1][0] + 1
@@ -217,8 +230,7 @@ def text_figure(texts, experts, n_experts, title, path, width=72):
             for j, char in enumerate(text):  # a character a cell: the grid holds in any font
                 ax.text(col + j + 0.5, -row - 0.5, char, ha='center', va='center',
                         family='monospace', fontsize=8)
-        ax.set_xlim(0, width)
-        ax.set_ylim(-rows, 0)
+        ax.set(xlim=(0, width), ylim=(-rows, 0))
         ax.axis('off')
         ax.set_title(f'layer {layer}', loc='left', fontsize=9)
     handles = [Patch(color=colour(e), label=f'expert {e}') for e in range(n_experts)]
@@ -237,8 +249,7 @@ def entropy_bits(counts):
 
 
 def mutual_information_bits(x, e, n_experts):
-    """I(X; E) in bits, the plug-in estimate from the counts of (x, e) pairs:
-    H(X) + H(E) - H(X, E)."""
+    """I(X; E) in bits, the plug-in estimate from (x, e) pair counts: H(X) + H(E) - H(X, E)."""
     return (entropy_bits(np.unique(x, return_counts=True)[1])
             + entropy_bits(np.bincount(e, minlength=n_experts))
             - entropy_bits(np.unique(x * n_experts + e, return_counts=True)[1]))
@@ -294,8 +305,7 @@ def tokens_above_base_rate(x, first, n_experts, decode):
 
 
 def coactivation(experts, n_experts):
-    """C[i][j], i != j: the share of tokens whose top-k holds both experts i and j (all zero at
-    top-1)."""
+    """C[i][j], i != j: the share of tokens whose top-k holds both experts i and j (0 at top-1)."""
     flat = experts.reshape(-1, experts.shape[-1])
     c = np.zeros((n_experts, n_experts))
     for a in range(flat.shape[1]):
@@ -361,11 +371,15 @@ def stats_markdown(s, title):
                      f'{layer["any_shared"]:.3f} ({layer["any_shared_chance"]:.3f}) | '
                      f'{layer["mi_token_bits"]:.3f} | {number(layer["u_token"])} | '
                      f'{number(layer.get("u_class"))} |')
-    lines += ['', 'The tokens each expert takes as first choice most above its base rate (lift):',
+    lines += ['', 'The tokens each expert takes as first choice most above its base rate (lift). '
+              '¶ is the end of a text (EOT); <n> is token n, no character alone (in a bytes run, '
+              'byte n: part of a multi-byte UTF-8 character).',
               '', '| layer | expert | tokens (lift) |', '|---|---|---|']
     for i, layer in enumerate(s['layers']):
         for e, ranked in enumerate(layer['tokens_above_base_rate']):
-            shown = ', '.join(f'{json.dumps(r["token"])} ({r["lift"]:.1f})' for r in ranked)
+            # each token quoted, a newline as \n, but ¶ and any other character as itself
+            shown = ', '.join(f'{json.dumps(r["token"], ensure_ascii=False)} ({r["lift"]:.1f})'
+                              for r in ranked)
             lines.append(f'| {i} | {e} | {shown} |')
     return '\n'.join(lines) + '\n'
 
@@ -383,9 +397,8 @@ def kept_checkpoints(out_dir):
 
 
 def settle(out_dir, windows, device):
-    """How much of the final routing each kept checkpoint already has: per layer, the mean over
-    tokens of |its top-k ∩ the last checkpoint's top-k| / k, on SETTLE_WINDOWS of the windows.
-    -> {'steps', 'layers', 'mean'}."""
+    """Per layer, each kept checkpoint's mean over tokens of |its top-k ∩ the final top-k| / k, on
+    SETTLE_WINDOWS of the windows: -> {'steps', 'layers', 'mean'}."""
     checkpoints = kept_checkpoints(out_dir)
     if len(windows) > SETTLE_WINDOWS:
         windows = windows[np.linspace(0, len(windows) - 1, SETTLE_WINDOWS).astype(int)]
@@ -400,21 +413,16 @@ def settle(out_dir, windows, device):
         kept = (experts[..., :, None] == final[..., None, :]).any(axis=-1).sum(axis=-1)
         shares.append(kept.mean(axis=(1, 2)) / final.shape[-1])
     layers = np.array(shares).T.tolist()  # per layer, per checkpoint
-    return {'steps': list(chosen), 'layers': layers,
-            'mean': np.mean(layers, axis=0).tolist()}
+    return {'steps': list(chosen), 'layers': layers, 'mean': np.mean(layers, axis=0).tolist()}
 
 
 def settle_figure(s, title, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, shares in enumerate(s['layers']):
         ax.plot(s['steps'], shares, lw=1, label=f'layer {i}')
     ax.plot(s['steps'], s['mean'], color='black', lw=2, label='mean')
-    ax.set_xlabel('step')
-    ax.set_ylabel('share of the final top-k choices')
-    ax.set_ylim(0, 1.02)
+    ax.set(xlabel='step', ylabel='share of the final top-k choices', ylim=(0, 1.02))
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -423,7 +431,7 @@ def settle_figure(s, title, path):
 
 
 # ----------------------------------------------------------------------------- main
-def show_text(model, tok, args, to):
+def show_text(model, tok, args, to, title):
     """The text's routing: in the terminal, route.html and route.png."""
     # EOT first: a story that begins like this
     ids = [tok.eot_id] + tok.encode(read_start(args.start))
@@ -439,12 +447,15 @@ def show_text(model, tok, args, to):
     experts, weights = experts[:, 0, 1:], weights[:, 0, 1:]  # one window, without its EOT
     texts = token_texts(tok, ids[1:])
     n_experts = model.blocks[0].ffn.n_experts
-    title = os.path.basename(os.path.normpath(args.out_dir))
-    print(terminal_bands(texts, experts, n_experts))
-    with open(os.path.join(to, 'route.html'), 'w', encoding='utf-8') as f:
+    # colour codes on a terminal alone, and not under NO_COLOR (no-color.org), as ls and git decide
+    coloured = sys.stdout.isatty() and not os.environ.get('NO_COLOR')
+    bands = terminal_bands if coloured else plain_bands
+    print(bands(texts, experts, n_experts))
+    page, figure = os.path.join(to, 'route.html'), os.path.join(to, 'route.png')
+    with open(page, 'w', encoding='utf-8') as f:
         f.write(html_page(texts, experts, weights, n_experts, title))
-    text_figure(texts, experts, n_experts, title, os.path.join(to, 'route.png'))
-    print(f'route.py: wrote {to}/route.html and route.png', file=sys.stderr)
+    text_figure(texts, experts, n_experts, title, figure)
+    print(f'route.py: wrote {page} and {figure}', file=sys.stderr)
 
 
 def main(argv=None):
@@ -473,23 +484,27 @@ def main(argv=None):
     if args.stats or args.settle:
         windows = validation_windows(args.out_dir, args.stats_on, tok, model.block_size)
     else:
-        show_text(model, tok, args, to)
+        show_text(model, tok, args, to, title)
     if args.stats:
         s = routing_stats(model, tok, windows, args.device)
-        with open(os.path.join(to, 'stats.json'), 'w') as f:
+        data, table = os.path.join(to, 'stats.json'), os.path.join(to, 'stats.md')
+        with open(data, 'w') as f:
             json.dump(s, f, indent=1)
         text = stats_markdown(s, title)
-        with open(os.path.join(to, 'stats.md'), 'w') as f:
+        with open(table, 'w', encoding='utf-8') as f:
             f.write(text)
         print(text)
+        print(f'route.py: wrote {data} and {table}', file=sys.stderr)
     if args.settle:
         s = settle(args.out_dir, windows, args.device)
-        with open(os.path.join(to, 'settle.json'), 'w') as f:
+        data, figure = os.path.join(to, 'settle.json'), os.path.join(to, 'settle.png')
+        with open(data, 'w') as f:
             json.dump(s, f, indent=1)
-        settle_figure(s, title, os.path.join(to, 'settle.png'))
+        settle_figure(s, title, figure)
         print('step  share of the final top-k choices (mean over layers)')
         for step, share in zip(s['steps'], s['mean']):
             print(f'{step:5d}  {share:.3f}')
+        print(f'route.py: wrote {data} and {figure}', file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import export_hf
-import plumbing
 import prepare
+import runs
 import sample
 import train
 from conftest import REPO, TINY, config
@@ -34,7 +34,7 @@ def fake_run(tmp_path, **overrides):
             p.uniform_(0.5, 1.5) if 'norm' in name else p.normal_(0, 0.5)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    plumbing.save(str(run_dir / 'best.pt'),
+    runs.save(str(run_dir / 'best.pt'),
                {'model': model.state_dict(), 'config': vars(c), 'iter': 10, 'tokens': 2560,
                 'best_val': 5.0, 'meta': {'tokenizer': 'bytes', 'vocab_size': 257, 'eot_id': 256}})
     (run_dir / 'log.jsonl').write_text(json.dumps({'iter': 10, 'val_loss': 5.0}) + '\n')
@@ -97,6 +97,48 @@ def test_exported_model_and_tokenizer_give_our_logits_and_greedy_stories(tmp_pat
             == ref.decode(mine[0, 1:].tolist()))
 
 
+@pytest.mark.parametrize('top_k', [2, 3])
+def test_transformers_balancing_loss_weighs_as_the_runs(tmp_path, top_k):
+    """Fine-tuned in transformers with output_router_logits=True, the exported model's
+    aux_loss * router_aux_loss_coef is the run's aux_loss_coef * lb on the same batch."""
+    model, run_dir = fake_run(tmp_path, ffn='moe', n_experts=4, top_k=top_k, aux_loss_coef=0.02,
+                              z_loss_coef=0.003)
+    export_hf.export(str(run_dir), str(tmp_path / 'hf'))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf')).eval()
+    idx = torch.randint(0, 257, (3, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        aux = model(idx)[2]
+        out = hf(idx, output_router_logits=True)
+    # layer by layer, transformers' loss is ours times top_k: it counts each of the k choices in
+    # full, where our f_i is a share of all k * N assignments
+    balancing = transformers.models.mixtral.modeling_mixtral.load_balancing_loss_func
+    for ours, logits in zip(aux['layers'], out.router_logits, strict=True):
+        assert balancing((logits,), 4, top_k).item() == pytest.approx(top_k * ours['lb'].item())
+    # all layers: transformers pools their counts and probabilities, we average each layer's loss.
+    # On this model and batch the two differ by 3.6% at top-2 and 1.5% at top-3 (the layers route
+    # unlike each other); 5% holds that, where aux_loss_coef not divided by top_k gives 1.9x, 3x
+    theirs = out.aux_loss.item() * hf.config.router_aux_loss_coef
+    print(f'top-{top_k}: transformers {theirs:.5f}, the run {0.02 * aux["lb"].item():.5f}')
+    assert theirs == pytest.approx(0.02 * aux['lb'].item(), rel=0.05)
+    # the card gives the run's losses and what transformers keeps of them
+    card = (tmp_path / 'hf' / 'README.md').read_text()
+    assert 'cross-entropy + 0.02 × load balancing + 0.003 × router z-loss' in card
+    assert f'router_aux_loss_coef is 0.02 / {top_k} = {0.02 / top_k:g}:' in card
+    assert 'transformers has no router z-loss' in card
+
+
+def test_every_exported_file_gets_the_mode_the_umask_gives(tmp_path):
+    """Weights included: a folder copied or served to others is readable as a whole."""
+    _, run_dir = fake_run(tmp_path, ffn='moe', n_experts=4, top_k=2)
+    umask = os.umask(0o002)
+    try:
+        export_hf.export(str(run_dir), str(tmp_path / 'hf'))
+    finally:
+        os.umask(umask)
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in (tmp_path / 'hf').iterdir()}
+    assert modes == dict.fromkeys(modes, oct(0o664))
+
+
 def test_top1_moe_variants_and_a_used_folder_are_refused(tmp_path):
     def export(run_dir, to):
         return subprocess.run(
@@ -156,7 +198,7 @@ def test_the_model_card_gives_the_runs_own_figures(prepared, tmp_path):
     total = sum(t.numel() for t in load_file(tmp_path / 'hf' / 'model.safetensors').values())
     assert total == saved['params']['total'] < 2 * saved['params']['active']
     assert rows['parameters'] == f'{total:,} total, {saved["params"]["active"]:,} active per token'
-    ckpt = plumbing.load_checkpoint(str(run_dir / 'best.pt'))
+    ckpt = runs.load_checkpoint(str(run_dir / 'best.pt'))
     evals = [json.loads(line) for line in open(run_dir / 'log.jsonl') if 'val_loss' in line]
     best = min(evals, key=lambda r: r['val_loss'])
     assert len(evals) == 4 and best['iter'] == ckpt['iter'] and best['tokens'] == ckpt['tokens']

@@ -2,6 +2,7 @@
 advance; and train.py --keep_checkpoints, which --settle reads."""
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -138,6 +139,54 @@ def test_the_terminal_bands_carry_each_first_choices_colour():
     assert lines[0].count('\x1b[48;2;') == 4  # the legend: one swatch an expert
 
 
+def test_a_pipe_gets_the_bands_without_colour_each_layers_experts_under_the_text(tmp_path):
+    _, model = hand_routed()  # a space first to expert 0, a or b to 1, in both layers
+    save_run(tmp_path, 'latest.pt', config(n_experts=4, top_k=2, block_size=16), model)
+    out = run('route.py', '--out_dir', str(tmp_path), '--start', 'a b', '--device', 'cpu')
+    assert out.returncode == 0, out.stderr
+    assert '\x1b[' not in out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        f"under the text, each layer's first choice (experts 0 1 2 3)   {route.SYMBOLS}",
+        'text:    a b', 'layer 0: 101', 'layer 1: 101']
+
+
+@pytest.mark.parametrize('no_color, coloured', [(None, True), ('', True), ('1', False)])
+def test_colour_codes_go_to_a_terminal_without_no_color_alone(tmp_path, monkeypatch, capsys,
+                                                             no_color, coloured):
+    """NO_COLOR set to anything but the empty string turns the colour off (no-color.org)."""
+    c, model = hand_routed()
+    save_run(tmp_path, 'latest.pt', c, model)
+    monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
+    if no_color is None:
+        monkeypatch.delenv('NO_COLOR', raising=False)
+    else:
+        monkeypatch.setenv('NO_COLOR', no_color)
+    route.main(['--out_dir', str(tmp_path), '--start', 'a b', '--device', 'cpu'])
+    out = capsys.readouterr().out
+    assert ('\x1b[48;2;' in out) == coloured and ('\x1b[' in out) == coloured
+    assert out.count('layer ') == 2
+
+
+def test_stats_name_their_files_and_say_what_their_symbols_stand_for(tmp_path, monkeypatch,
+                                                                     capsys):
+    """é is 2 bytes, each no character alone: <195> and <169> in the ranking, as the legend says."""
+    monkeypatch.setattr(route, 'MIN_COUNT', 1)
+    c, model = hand_routed()
+    save_run(tmp_path, 'latest.pt', c, model)
+    (tmp_path / 'text.txt').write_text('a é b ' * 8, encoding='utf-8')
+    route.main(['--out_dir', str(tmp_path), '--stats', '--stats_on', str(tmp_path / 'text.txt'),
+                '--device', 'cpu'])
+    out, err = capsys.readouterr()
+    to = tmp_path / 'route'
+    assert err == f'route.py: wrote {to / "stats.json"} and {to / "stats.md"}\n'
+    legend = ('¶ is the end of a text (EOT); <n> is token n, no character alone (in a bytes run, '
+              'byte n: part of a multi-byte UTF-8 character).')
+    table = (to / 'stats.md').read_text(encoding='utf-8')
+    assert out == table + '\n' and table.count(legend) == 1
+    # 4 bytes in 7 are no space, and all of them go first to expert 1: lift about 7 / 4
+    assert '| 0 | 1 | "a" (1.7), "b" (1.7), "<169>" (1.7), "<195>" (1.7) |' in table
+
+
 def test_the_routing_settles_as_the_kept_checkpoints_say(tmp_path):
     """Step 10 swaps the first choices of the final routing (top-2 sets {1, 2} against {0, 2}:
     half of each token's choices kept), step 20 has it already, 30 is the last."""
@@ -179,9 +228,12 @@ def test_route_py_on_a_trained_run_writes_its_files(prepared):
         'ckpt_10.pt', 'ckpt_20.pt', 'ckpt_30.pt', 'ckpt_40.pt']
     out = run('route.py', '--out_dir', str(kept), '--start', 'once upon a time', '--device', 'cpu')
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count('layer ') == 2 and '\x1b[48;2;' in out.stdout
+    assert out.stdout.count('layer ') == 2 and '\x1b[' not in out.stdout  # a pipe: plain text
     out = run('route.py', '--out_dir', str(kept), '--stats', '--settle', '--device', 'cpu')
     assert out.returncode == 0, out.stderr
+    to = kept / 'route'
+    assert f'route.py: wrote {to / "stats.json"} and {to / "stats.md"}\n' in out.stderr
+    assert f'route.py: wrote {to / "settle.json"} and {to / "settle.png"}\n' in out.stderr
     stats = json.loads((kept / 'route' / 'stats.json').read_text())
     settle = json.loads((kept / 'route' / 'settle.json').read_text())
     assert stats['tokens'] % 32 == 0 and len(stats['layers']) == 2
