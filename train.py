@@ -409,14 +409,12 @@ class Transformer(nn.Module):
         return None, ce, merge_aux(layers)
 
 
-# the aux losses each MoE layer returns: averaged over the layers, weighed into the training loss
-# and logged by these names. A new one goes here too
+# the aux losses an MoE layer returns, averaged over layers, weighed in and logged by these names
 AUX_LOSSES = ('lb', 'z')
 
 
 def merge_aux(layers):
-    """The MoE layers' aux -> the model's ({} if dense): AUX_LOSSES averaged, a row per layer of
-    counts and routing, and the layers' own under 'layers'."""
+    """The MoE layers' aux -> the model's ({} if dense): AUX_LOSSES averaged, the rest stacked."""
     if not layers:
         return {}
     merged = {key: torch.stack([a[key] for a in layers]).mean() for key in AUX_LOSSES}
@@ -549,8 +547,7 @@ def check_prepared(c):
 
 
 def load_data(c):
-    """meta.json and the fixed validation windows: evenly spaced over the split, the same for
-    every config and seed."""
+    """meta.json and the validation windows: evenly spaced, the same for every config and seed."""
     meta = check_prepared(c)
     val = np.memmap(os.path.join(c.data_dir, 'val.bin'), dtype=np.uint16, mode='r')
     n = max(1, min(c.eval_tokens, len(val) - 1) // c.block_size)
@@ -560,8 +557,7 @@ def load_data(c):
 
 
 def get_batch(c, step, device):
-    """A step's windows from (data seed, step) alone: one data order for every config of a
-    seed, and a resumed run needs only the step."""
+    """A step's windows from (data seed, step) alone: every config of a seed sees the same."""
     # a fresh memmap per batch: a long-lived one grows resident memory (nanoGPT's workaround)
     data = np.memmap(os.path.join(c.data_dir, 'train.bin'), dtype=np.uint16, mode='r')
     rng = np.random.default_rng([c.data_seed or c.seed, step])
@@ -604,8 +600,7 @@ def compile_problem(device):
 
 
 def setup_device(c):
-    """-> (device, compile?, autocast, scaler). compile None: on for CUDA; off, saying why, where
-    it cannot work. The scaler works in fp16 only."""
+    """-> (device, compile?, autocast, scaler); compile None: on for CUDA where it can work."""
     device = pick_device(c)
     if device.type == 'cuda' and 'LOCAL_RANK' in os.environ:  # torchrun: one GPU per process
         device = torch.device('cuda', int(os.environ['LOCAL_RANK']))
@@ -628,8 +623,7 @@ def setup_device(c):
 # ----------------------------------------------------------------------------- training
 @torch.no_grad()
 def evaluate(model, val_windows, c, device, autocast, rank=0, world=1):
-    """Mean CE over the validation windows and (MoE) their routing. Under DDP each process
-    takes every world-th batch, and the sums are all-reduced."""
+    """Mean CE and (MoE) routing over the validation windows; DDP: every world-th batch each."""
     model.eval()
     sum_dtype = torch.float32 if device.type == 'mps' else torch.float64  # MPS has no fp64
     total = torch.zeros((), dtype=sum_dtype, device=device)
@@ -710,8 +704,7 @@ class Meter:
         self.t_last += time.time() - t
 
     def line(self, done, last_saved):
-        """The record after `done` steps, averaged over processes. Stops on a loss that was not
-        finite, before anything is saved from it (last_saved: latest.pt's iter, or None)."""
+        """The record after `done` steps. Stops on a loss that was not finite, before saving."""
         if self.world > 1:  # the earliest bad step of any process
             dist.all_reduce(self.first_bad, op=dist.ReduceOp.MIN)
         bad = self.first_bad.item()
