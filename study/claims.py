@@ -126,12 +126,12 @@ def ablations(runs):
         seeds = runs[name]
         rows[name] = {
             'what': what, 'seeds': sorted(seeds),
-            'best_val': [best_val(r) for r in seeds.values()],
+            'best_val': [best_val(seeds[s]) for s in sorted(seeds)],
             'vs_moe': report.paired(seeds, runs[MOE]),
-            'busiest_frac': [final_busiest(r) for r in seeds.values()],
+            'busiest_frac': [final_busiest(seeds[s]) for s in sorted(seeds)],
             'busiest_vs_moe': paired_values(seeds, runs[MOE], final_busiest),
             'runs_with_a_collapsed_layer': sum(collapsed_layers(r) > 0 for r in seeds.values()),
-            'exit_step': [r['exit_step'] for r in seeds.values()]}
+            'exit_step': [seeds[s]['exit_step'] for s in sorted(seeds)]}
     return rows
 
 
@@ -213,8 +213,8 @@ def activation(runs):
         seeds = runs[name]
         params = next(iter(seeds.values()))['config']['params']
         rows[k] = {'name': name, 'active_fraction': params['active'] / params['total'],
-                   'best_val': [best_val(r) for r in seeds.values()],
-                   'busiest_frac': [final_busiest(r) for r in seeds.values()]}
+                   'best_val': [best_val(seeds[s]) for s in sorted(seeds)],
+                   'busiest_frac': [final_busiest(seeds[s]) for s in sorted(seeds)]}
         for dense in (DENSE_TOTAL, DENSE_ACTIVE):
             if dense in runs:
                 role = dense.removeprefix('w224_cpu_')
