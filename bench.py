@@ -28,13 +28,11 @@ from errors import UserError, one_line_errors
 
 
 class NaiveMoE(train.MoE):
-    """The reference: each expert on all N tokens (E x the FFN compute), then the sum weighted by
-    the routing weights."""
+    """The reference: each expert on all N tokens (E x FFN compute), summed by routing weights."""
 
     def dispatch(self, x, weights, experts):
         N, E = x.shape[0], self.n_experts
-        # the routing weights as an (E, N) matrix, zero where a token does not go to an expert
-        # (assignment a is token a % N)
+        # routing weights as (E, N), zero where a token skips an expert (assignment a: token a % N)
         gates = torch.zeros(E, N, device=x.device)
         gates = gates.scatter(0, experts.view(-1, N), weights.view(-1, N))
         gate_h = torch.einsum('nd,edh->enh', x, self.gate)
@@ -86,7 +84,7 @@ def read_result(path):
             return json.loads(f.read().strip().splitlines()[-1])
     except (OSError, ValueError, IndexError) as e:
         raise UserError(f'cannot read bench.py\'s JSON line from {path} ({e}); make it '
-                                 'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
+                        'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
 
 
 def read_step_times(path):
@@ -97,9 +95,8 @@ def read_step_times(path):
         return {'moe': ms['moe'], 'dense_total': ms['dense_total'],
                 'hardware': result.get('hardware'), 'torch': result.get('torch')}
     except (KeyError, TypeError) as e:
-        raise UserError(f'{path} has no step times of moe and dense_total ({e!r}); '
-                                 'make it with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE'
-                                 ) from None
+        raise UserError(f'{path} has no step times of moe and dense_total ({e!r}); make it '
+                        'with: OMP_NUM_THREADS=1 python bench.py CONFIG > FILE') from None
 
 
 def build(argv, levers=()):
@@ -117,9 +114,8 @@ def build(argv, levers=()):
 
 
 def make_model(name, cfg):
-    """The model timed as name: every model starts from the same seed; the variants (the naive
-    MoE, the levers) have the MoE's weights, computed their way (padded_vocab's are
-    drawn anew, for its larger embedding)."""
+    """The model timed as name, from the same seed: the variants (naive MoE, levers) have the MoE's
+    weights, computed their way (padded_vocab's drawn anew, for its larger embedding)."""
     torch.manual_seed(0)
     model = train.Transformer(cfg)
     cls = VARIANTS.get(name)
@@ -132,16 +128,14 @@ def make_model(name, cfg):
 
 
 def paired_ratio_quartiles(times, reference_times):
-    """How much to trust a ratio of medians on a noisy machine: the first and third quartiles of
-    the step-by-step ratios, each step against the reference model's step on the same batch, one
-    timed right after the other."""
+    """How far to trust a ratio of medians on a noisy machine: the quartiles of the ratios of each
+    step to the reference model's on the same batch, timed right after it."""
     q1, _, q3 = statistics.quantiles([t / r for t, r in zip(times, reference_times)], n=4)
     return q1, q3
 
 
 def spread(ratios):
-    """Measured ratios as a distribution: {median, q1, q3, rounds}, the quartiles by the inclusive
-    rule (within the measured values, as few as there are)."""
+    """Measured ratios as {median, q1, q3, rounds}, the quartiles inclusive: within the values."""
     if len(ratios) == 1:
         q1 = q3 = ratios[0]
     else:
@@ -150,18 +144,16 @@ def spread(ratios):
 
 
 def round_ratios(times, reference_times, rounds):
-    """The step-time ratio reference / model as a distribution over the rounds: each round's
-    median step of the reference over the model's. What a machine charges moves with its load, so
-    one ratio of medians hides how far apart two measurements can fall."""
+    """Each round's median step of the reference over the model's, as a distribution: a machine's
+    speed moves with its load; one ratio of medians hides how far two measurements fall apart."""
     steps = len(times) // rounds
     return spread([statistics.median(reference_times[i * steps:(i + 1) * steps])
                    / statistics.median(times[i * steps:(i + 1) * steps]) for i in range(rounds)])
 
 
 def op_times(model, batches, step, sync, on_gpu):
-    """{op: ms per step} over the batches, from torch.profiler: on a GPU each kernel's time, on a
-    CPU each op's own CPU time (on a GPU that would be launch overhead). Ranges (the optimizer's
-    step) hold ops and are left out."""
+    """{op: ms per step} from torch.profiler: each kernel's time on a GPU, each op's self CPU time
+    on a CPU (on a GPU: launch overhead). Ranges (the optimizer's step) hold ops: left out."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with profile(activities=activities) as prof:
@@ -175,8 +167,7 @@ def op_times(model, batches, step, sync, on_gpu):
 
 
 def print_profile(models, batches, step, sync, on_gpu, top=15):
-    """Where the MoE's step goes, op by op, and the ops where it spends more than dense_active,
-    profiled over the same steps."""
+    """Where the MoE's step goes op by op, and where it outspends dense_active on the same steps."""
     what = 'kernel time' if on_gpu else 'self CPU time'
     moe, dense = (op_times(models[name], batches, step, sync, on_gpu)
                   for name in ('moe', 'dense_active'))
@@ -269,8 +260,7 @@ def time_layer(configs, device, sync, autocast, rounds):
             if run >= 3:
                 times[name].append(time.perf_counter() - t0)
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
-    # what the layer does outside the three parts (reshapes, the calls between them), and the
-    # difference of medians timed apart
+    # outside the three parts: reshapes, the calls between them, and medians timed apart differing
     ms['remainder'] = ms['moe'] - ms['routing'] - ms['dispatch'] - ms['experts']
     c = configs['moe']
     print(f'one FFN layer, forward and backward, {c.batch_size * c.block_size} tokens of width '

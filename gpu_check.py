@@ -1,6 +1,5 @@
 """
-Does tinymoe work on your CUDA GPU, and how fast? One command, meant to take under 10 minutes on
-an H100:
+Does tinymoe work on your CUDA GPU, and how fast? One command, under 10 minutes on an H100:
 
     make gpu_check                     # installs, prepares the data (the hub), then runs this
     TINYSTORIES=FILE make gpu_check    # the stories from a local file in the release format
@@ -19,10 +18,9 @@ skipped (why). Each process's console goes to out/gpu_check/logs/, its run to ou
   speed       bench.py on the paper's configs, compiled: tokens/s, MFU, the MoE's step-time ratios
 
 tests, cpu_recipe and paper run side by side, each train.py a process of its own (small models
-leave a GPU mostly idle); speed runs last, alone on the GPU, as timing wants. The toy size is the
-same check with smaller models, fewer steps and one seed: make test runs it on the CPU
-(tests/test_gpu_check.py). Its CPU recipe is set beside the committed runs at iter 0 alone, before
-training: a dry run of the comparison that the full size makes over whole runs.
+leave a GPU mostly idle); speed runs last, alone on the GPU, as timing wants. The toy size (smaller
+models, fewer steps, one seed) is what make test runs on the CPU (tests/test_gpu_check.py): its
+CPU recipe meets the committed runs at iter 0 alone, a dry run of the full size's comparison.
 """
 import argparse
 import contextlib
@@ -71,21 +69,19 @@ SIZES = {
             'bench': [*TOY_WIDTH, '--steps=2', '--rounds=1']},
 }
 # The CPU recipe on the GPU against the committed CPU runs: the mean best val loss over the seeds,
-# relative to the CPU's. Another machine sums in another order (and on a GPU, fp32 matmuls use
-# TF32), and after a few hundred steps a run goes where another seed might: the committed seeds
-# spread by 0.8% (a std of 0.010 at 1.20), so a mean of three lands within 0.65% (1 std) of
-# another mean of three, and 2% is 3 std. bf16 also rounds every matmul's inputs to 8 bits,
-# which may move the loss itself: 3%. A wrong kernel moves it by far more
+# relative to the CPU's. Another machine sums in another order (a GPU's fp32 matmuls use TF32),
+# and after a few hundred steps a run goes where another seed might: the committed seeds spread
+# by 0.8% (std 0.010 at 1.20), so a mean of three lands within 0.65% (1 std) of another, and 2%
+# is 3 std. bf16 rounds every matmul's inputs to 8 bits too: 3%. A wrong kernel moves far more
 TOLERANCE = {'float32': 0.02, 'bfloat16': 0.03}
-# the committed runs' data, checked before the runs start: cpu_moe seed 1's val loss at iter 0,
-# its initial weights on this data, computed here as train.py does on the CPU. Another CPU or
-# thread count moves it by rounding alone, if at all; other stories move it by far more
+# the committed runs' data, checked first: cpu_moe seed 1's val loss at iter 0 (its initial
+# weights on this data, as train.py computes it on the CPU). Another CPU or thread count moves it
+# by rounding alone, if at all; other stories move it by far more
 SAME_START = 1e-4
-# A resumed run recompiles its kernels, which may round otherwise: its lines after the stop may
-# differ from the straight run's by NOISE_FACTOR times what the stopped run's lines did before it
-# (two runs never stopped: bf16 compiled kernels need not be bit-reproducible, and runs drift
-# apart as they train), plus RESUME_TOLERANCE. A resume that lost the optimizer's state or the
-# data order moves the loss by far more
+# A resumed run recompiles its kernels, which may round otherwise: after the stop its lines may
+# differ from the straight run's by NOISE_FACTOR times what the stopped run's did before it (bf16
+# compiled kernels need not be bit-reproducible, and runs drift apart as they train), plus
+# RESUME_TOLERANCE. A resume that lost the optimizer's state or the data order moves far more
 NOISE_FACTOR, RESUME_TOLERANCE = 3, 1e-3
 # transformers' model of the export, fp32 on the CPU, against ours: the same sums in another
 # order, about 1e-6 of the largest logit; a misplaced weight moves them by whole percents
@@ -97,8 +93,7 @@ def result(status, why, **details):
 
 
 def attempt(part):
-    """part(), or failed with the error that stopped it: one part's error leaves the other parts'
-    lines (its traceback goes to the console)."""
+    """part(), or failed with its error, so the other parts still report (traceback: console)."""
     try:
         return part()
     except Exception as e:
@@ -117,11 +112,9 @@ def read_config(run_dir):
         return json.load(f)
 
 
-# A run is read as report.py reads one (load_runs), from its config and log alone: the committed
-# runs hold no done.json
 def not_finished(run_dir):
-    """Why run_dir holds no finished run with a best val loss, or None: it finished when its last
-    evaluation is at its last iter."""
+    """Why run_dir holds no finished run with a best val loss, or None: read as report.py does, from
+    config and log (the committed runs hold no done.json), finished if its last eval is its end."""
     for name in ('config.json', 'log.jsonl'):
         if not os.path.isfile(os.path.join(run_dir, name)):
             return f'{run_dir} holds no {name}'
@@ -144,13 +137,6 @@ def val_losses(run_dir):
 def best_val(run_dir, iters):
     """A run's best val loss over its evaluations at `iters`."""
     return min(v for it, v in val_losses(run_dir).items() if it in iters)
-
-
-def iters_text(iters):
-    """'iter 0', or '7 evaluations, iters 0 to 1,120'."""
-    if len(iters) == 1:
-        return f'iter {min(iters)}'
-    return f'{len(iters)} evaluations, iters {min(iters):,} to {max(iters):,}'
 
 
 # ----------------------------------------------------------------------------- the processes
@@ -284,8 +270,9 @@ def cpu_recipe(args, done):
     worst = {dtype: max(by_config.values(), key=abs) for dtype, by_config in gaps.items()}
     within = ', '.join(f'{dtype} within {worst[dtype]:+.2%} (allowed {TOLERANCE[dtype]:.0%})'
                        for dtype in TOLERANCE)
-    why = (f'mean best val loss over seeds {", ".join(map(str, seeds))} ({iters_text(shared)}) '
-           f'against the committed CPU runs: {within}')
+    compared = f'{len(shared)} evaluations' if len(shared) > 1 else 'iter 0'
+    why = (f'mean best val loss over seeds {", ".join(map(str, seeds))} ({compared}) against the '
+           f'committed CPU runs: {within}')
     table = [{'config': config, 'seed': seed, **values} for (config, seed), values in best.items()]
     if over:
         return result('failed', f'{why}; over: {", ".join(over)}', gaps=gaps, runs=table)
@@ -308,9 +295,8 @@ def trained(run_dir):
 
 
 def resume_check(straight_dir, resumed_dir, stop, console):
-    """The run stopped at `stop` and resumed against the straight run, line by line (NOISE_FACTOR):
-    its lines up to the stop (the stopped process's) set the noise floor, those after it (the
-    resumed process's, from the evaluation at the stop on) must stay within it."""
+    """The run stopped at `stop` and resumed against the straight run, line by line: its lines up
+    to the stop set the noise floor (NOISE_FACTOR), the resumed process's must stay within it."""
     def lines(run_dir):
         return {(r['iter'], 'val_loss' in r): r.get('val_loss', r.get('loss'))
                 for r in read_log(run_dir)}
@@ -340,8 +326,7 @@ def sample_text(run_dir, logs, env):
 
 
 def export_parity(run_dir, hf_dir, logs, env):
-    """export_hf.py of a run, then transformers' model of it against ours, fp32 on the CPU, on
-    the same tokens (PARITY_TOLERANCE, relative to the largest logit)."""
+    """A run's export_hf.py export in transformers against ours, fp32 on CPU (PARITY_TOLERANCE)."""
     _, returncode, _ = run_job(('export', [[sys.executable, 'export_hf.py', '--out_dir', run_dir,
                                             '--to', hf_dir]]), logs, env)
     if returncode:
@@ -426,9 +411,8 @@ def parse_args(argv):
                    help='GPT-2 tokens of the same stories (make gpu_check prepares them)')
     p.add_argument('--reference', default='results/cpu/warmup/runs',
                    help="the committed CPU runs the cpu_recipe part compares with")
-    p.add_argument('--slots', type=int, default=os.cpu_count(),
-                   help='processes side by side (default: one per CPU core); fewer on a GPU '
-                        'with little memory')
+    p.add_argument('--slots', type=int, default=os.cpu_count(), help='processes side by side '
+                   '(default: one per CPU core); fewer on a GPU with little memory')
     p.add_argument('--out', default='out/gpu_check', help='the report, logs/ and runs/')
     args = p.parse_args(argv)
     args.parts = args.parts.split(',')

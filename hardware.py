@@ -7,10 +7,9 @@ import platform
 
 import torch
 
-# Tensor-core peaks in FLOP/s for the MFU: dense (NVIDIA's data sheets give them with sparsity,
-# twice as high), bf16 (fp16 on the V100 and T4, which have no bf16). Keyed by the exact name
-# torch.cuda.get_device_name reports: by a part of it, an A10G would get the A10's peak and an H100
-# PCIe the SXM's
+# Dense tensor-core peaks in FLOP/s for the MFU (data sheets quote twice as much, with sparsity),
+# bf16 (fp16 on the V100 and T4: no bf16), by torch.cuda.get_device_name's exact name: by a part
+# of it, an A10G would get the A10's peak and an H100 PCIe the SXM's
 PEAK_FLOPS = {
     'NVIDIA A10': 125e12,  # A10 data sheet: BF16 125 TFLOPS
     # NVIDIA publishes no data sheet for AWS's A10G; 70 TFLOPS BF16 is the figure AWS users quote
@@ -34,21 +33,16 @@ PEAK_FLOPS = {
 
 def peak_flops(device):
     """The GPU's peak FLOP/s, for the MFU, or None (a CPU, MPS, a GPU not in PEAK_FLOPS)."""
-    if device.type != 'cuda':
-        return None
-    return PEAK_FLOPS.get(torch.cuda.get_device_name(device))
+    return PEAK_FLOPS.get(torch.cuda.get_device_name(device)) if device.type == 'cuda' else None
 
 
 def hardware_name(device):
     """The GPU's name, or the CPU's (cpu_name), for results that depend on the machine."""
-    if device.type == 'cuda':
-        return torch.cuda.get_device_name(device)
-    return cpu_name()
+    return torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_name()
 
 
 def cpu_name():
-    """CPU model, vector ISA, torch threads: a bit-for-bit rerun needs all three the same (they
-    change the rounding)."""
+    """CPU model, vector ISA, torch threads: the rounding of a bit-for-bit rerun depends on all."""
     info = open('/proc/cpuinfo').read() if os.path.exists('/proc/cpuinfo') else ''
     models = [line.split(':', 1)[1].strip() for line in info.splitlines()
               if line.startswith('model name')]

@@ -25,8 +25,7 @@ MAY_DIFFER = {'resume', 'device', 'dtype', 'compile', 'out_dir', 'data_dir', 'wa
 
 # ----------------------------------------------------------------------------- files
 def save(path, obj):
-    """torch.save (json for a .json path) to a temp file, fsync, rename: a kill or an error
-    mid-write leaves the previous file intact."""
+    """torch.save (json for .json) via a temp file, fsync, rename: a kill or error keeps the old."""
     tmp = path + '.tmp'
     try:
         with open(tmp, 'wb') as f:
@@ -78,8 +77,7 @@ def open_log(out_dir, start):
 
 # ----------------------------------------------------------------------------- checkpoints
 def load_checkpoint(path):
-    """Tensors and plain containers only (weights_only): opening a checkpoint someone shared cannot
-    run code."""
+    """Tensors and plain containers only (weights_only): a shared checkpoint cannot run code."""
     try:
         # torch warns about some refused files: the one line below says it all
         with warnings.catch_warnings():
@@ -121,10 +119,9 @@ def load_resume_checkpoint(path, c, defaults):
 
 
 def checkpoint_to_resume(c, defaults):
-    """The latest.pt to resume from (checked against the config), or None for a new run. A run
-    folder that already holds a log is never overwritten: it needs --resume=True. Except the log
-    of a run stopped before its first checkpoint (no latest.pt or done.json, no line at
-    ckpt_interval or past it): nothing to resume or keep, so it starts over."""
+    """The latest.pt to resume from (checked against the config), or None for a new run. A folder
+    with a log needs --resume=True, unless its run stopped before its first checkpoint (no
+    latest.pt or done.json, no line at ckpt_interval or past it): then it starts over."""
     latest_path = os.path.join(c.out_dir, 'latest.pt')
     saved = os.path.exists(latest_path) or os.path.exists(os.path.join(c.out_dir, 'done.json'))
     stopped_early = not saved and (last_logged_iter(c.out_dir) or 0) < c.ckpt_interval
@@ -139,8 +136,7 @@ def checkpoint_to_resume(c, defaults):
 
 
 def restore(ckpt, model, optimizer, scaler, device):
-    """Put a run back where checkpoint_state found it. -> (start iter, best val loss so far); for a
-    new run (ckpt None) nothing to put back: (0, inf)."""
+    """Put a run back as checkpoint_state found it. -> (start iter, best val); new run: (0, inf)."""
     if ckpt is None:
         return 0, float('inf')
     model.load_state_dict(ckpt['model'])
@@ -184,8 +180,7 @@ def what_can_resume(c):
 
 # ----------------------------------------------------------------------------- DDP
 def start_processes(device):
-    """torchrun sets RANK and WORLD_SIZE; with more than one process, each joins the process group
-    through which DDP averages the gradients. -> (rank, world)."""
+    """torchrun sets RANK, WORLD_SIZE; past one process, each joins DDP's group. -> (rank, world)"""
     rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     if world > 1:
         dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
@@ -209,9 +204,8 @@ def mean_over_processes(t, world):
 # ----------------------------------------------------------------------------- the run's files
 def start_run(c, facts, resumed_at, layout):
     """The master process at the start of a run: out_dir, its log, config.json (the config, the
-    run's facts from train.py and the machine that trains it) and the first console lines.
-    resumed_at: the iter of the checkpoint resumed from, or None. layout: the MoE in words.
-    -> the RunLog."""
+    run's facts from train.py, the machine) and the first console lines. resumed_at: the iter of
+    the checkpoint resumed from, or None. layout: the MoE in words. -> the RunLog."""
     os.makedirs(c.out_dir, exist_ok=True)
     log = RunLog(c, resumed_at, facts)
     save(os.path.join(c.out_dir, 'config.json'),
@@ -245,13 +239,11 @@ def print_run_header(c, facts, resumed_at, layout):
 
 
 def warn_if_beyond_a_cpu(model, c, batch, iters):
-    """A config made for a GPU, started on a CPU, says so before its first evaluation: how long
-    its steps would take at the speed of a forward of two windows here, times 3 for the backward
-    (a step's FLOPs). No gradient, nothing saved: the run goes on as it would have."""
+    """A GPU config started on a CPU says so before its first evaluation: how long its steps would
+    take at a forward of two windows' speed here, x 3 (a step's FLOPs); the run goes on as is."""
     x, y = batch
     start = time.time()
-    # no autograd (under DDP no gradient hook fires on one process alone), and the random state
-    # put back after (a router that draws noise draws here too)
+    # no autograd (a DDP hook must not fire on one process), the RNG put back (a router may draw)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         model(x[:2], y[:2])
     tok_per_s = x[:2].numel() / (3 * (time.time() - start))
@@ -293,8 +285,7 @@ class RunLog:
         print(line)
 
     def train(self, r, losses, iters):
-        """A training record, and its console line: the losses named (those it has), the busiest
-        expert's share, the learning rate, the speed and the time left."""
+        """A training record, and its console line: losses, busiest share, lr, speed, time left."""
         if self.peak:
             r['mfu'] = r['tok_per_s'] / self.world * self.flops_per_token / self.peak
         self.write(r, 'train')

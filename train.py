@@ -29,8 +29,7 @@ import runs
 from errors import UserError, one_line_errors
 
 # ----------------------------------------------------------------------------- config
-# '' -> out/{config_name}-s{seed}[-d{data_seed}], so seeds never overwrite each other
-out_dir = ''
+out_dir = ''              # '' -> out/{config_name}-s{seed}[-d{data_seed}]: one per seed
 config_name = ''          # '' -> file name of the last config file ('default' without one)
 data_dir = 'data/tinystories'  # train.bin, val.bin, meta.json written by prepare.py
 seed = 1                  # seeds init and the training-data order

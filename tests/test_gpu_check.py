@@ -136,8 +136,8 @@ def test_the_cpu_recipe_fails_outside_its_tolerance(tmp_path, fp32, bf16, over):
         fake_run(tmp_path / 'runs' / f'bfloat16_{config}-s1', [5.0, bf16])
     recipe = gpu_check.cpu_recipe(args, dict.fromkeys(gpu_check.cpu_runs('toy'), 0))
     assert recipe['status'] == ('failed' if over else 'passed')
-    assert recipe['why'].startswith('mean best val loss over seeds 1 (2 evaluations, iters 0 to '
-                                    '2) against the committed CPU runs: float32 within '
+    assert recipe['why'].startswith('mean best val loss over seeds 1 (2 evaluations) against the '
+                                    'committed CPU runs: float32 within '
                                     f'{fp32 - 1:+.2%} (allowed 2%), bfloat16 within '
                                     f'{bf16 - 1:+.2%} (allowed 3%)')
     assert (f'; over: {over}, ' in recipe['why']) == bool(over)
