@@ -187,12 +187,6 @@ def start_processes(device):
     return rank, world
 
 
-def stop_processes(train_model):
-    """DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)."""
-    del train_model
-    dist.destroy_process_group()
-
-
 def mean_over_processes(t, world):
     """DDP: each process logs what it saw; the log shows the mean over all of them."""
     if world == 1:

@@ -844,8 +844,9 @@ def run(c):
                     last_saved = done
     best_val = evaluate_and_keep_best(iters, best_val)  # the trained model's
 
-    if ddp:
-        runs.stop_processes(train_model)
+    if ddp:  # DDP's reducer freed first: a gloo group destroyed from it can hang (pytorch#56297)
+        del train_model
+        dist.destroy_process_group()
     if master:
         runs.finish_run(c, log, iters, iters * tokens_per_iter, best_val)
 
