@@ -400,7 +400,7 @@ def write_report(args, report):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip())
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument('--size', choices=SIZES, default='full',
                    help='full (default; needs a CUDA GPU) or toy: smaller models, fewer steps')
     p.add_argument('--parts', default=','.join(PARTS),

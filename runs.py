@@ -234,15 +234,17 @@ def print_run_header(c, facts, resumed_at, layout):
 
 def warn_if_beyond_a_cpu(model, c, batch, iters):
     """A GPU config started on a CPU says so before its first evaluation: how long its steps would
-    take at a forward of two windows' speed here, x 3 (a step's FLOPs); the run goes on as is."""
+    take at a second forward of two windows' speed here (the first is slow), x 3 (a step's FLOPs).
+    10 hours: a GPU config takes hundreds, the CPU recipe minutes even on a loaded CPU."""
     x, y = batch
-    start = time.time()
     # no autograd (a DDP hook must not fire on one process), the RNG put back (a router may draw)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         model(x[:2], y[:2])
-    tok_per_s = x[:2].numel() / (3 * (time.time() - start))
+        start = time.time()
+        model(x[:2], y[:2])
+        tok_per_s = x[:2].numel() / (3 * (time.time() - start))
     hours = iters * c.batch_size * c.grad_accum * c.block_size / tok_per_s / 3600
-    if hours > 1:
+    if hours > 10:
         print(f'  a config made for a GPU: at {tok_per_s:,.0f} tok/s, as its first windows train '
               f'on this CPU, its {iters:,} steps would take about {hours:,.0f} hours. On a CPU, '
               'train the CPU recipe instead: make cpu, or config/cpu_moe.py')

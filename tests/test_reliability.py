@@ -467,23 +467,31 @@ def test_missing_data_names_the_prepare_command_of_the_configs_tokenizer(tmp_pat
     assert hint.replace(' D', f' {tmp_path / "D"}') in str(e.value)
 
 
-@pytest.mark.parametrize('iters, says', [(10**6, True), (10, False)])
+@pytest.mark.parametrize('iters, says', [(10**6, True), (2000, False), (10, False)])
 def test_a_config_beyond_a_cpu_says_how_long_it_would_take(monkeypatch, capsys, iters, says):
-    """At 1 s for the probe's forward of two windows of 16 tokens, and 3 times that for a training
-    step, 32 / 3 tok/s: 10^6 steps of 4 x 16 tokens are 6 x 10^6 s, 1,667 hours; 10 steps are
-    60 s, and nothing is said."""
+    """At 1 s for the probe's second forward of two windows of 16 tokens (the first, slow one is
+    not timed), and 3 times that for a training step, 32 / 3 tok/s: 10^6 steps of 4 x 16 tokens are
+    6 x 10^6 s, 1,667 hours; 2,000 steps are 3.3 hours, under the 10 that a GPU config's hundreds
+    pass, and nothing is said."""
     c = config(batch_size=4)
     model = train.Transformer(c)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     clock = iter([100.0, 101.0])
-    monkeypatch.setattr(runs.time, 'time', lambda: next(clock))
+    events = []
+
+    def read_clock():
+        events.append('clock')
+        return next(clock)
+    monkeypatch.setattr(runs.time, 'time', read_clock)
     windows = torch.zeros(4, c.block_size + 1, dtype=torch.long)
 
     def noisy_model(x, y):  # a model whose forward draws random numbers, as a noisy router would
+        events.append('forward')
         torch.rand(1)
         return model(x, y)
     runs.warn_if_beyond_a_cpu(noisy_model, c, (windows[:, :-1], windows[:, 1:]), iters)
+    assert events == ['forward', 'clock', 'forward', 'clock']
     expected = ('  a config made for a GPU: at 11 tok/s, as its first windows train on this CPU, '
                 'its 1,000,000 steps would take about 1,667 hours. On a CPU, train the CPU recipe '
                 'instead: make cpu, or config/cpu_moe.py\n')
