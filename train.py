@@ -565,6 +565,8 @@ def get_batch(c, step, device):
     windows = torch.from_numpy(windows)
     if device.type == 'cuda':  # through pinned memory, without waiting for the copy
         windows = windows.pin_memory().to(device, non_blocking=True)
+    else:
+        windows = windows.to(device)  # MPS; on the CPU the same tensor
     return windows[:, :-1], windows[:, 1:]
 
 

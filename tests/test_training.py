@@ -55,6 +55,16 @@ def test_moe_grad_accumulation_takes_aux_losses_per_micro_batch_and_logs_their_m
     assert abs(whole['lb'].item() - logged['lb']) > 1e-6
 
 
+def test_a_steps_windows_go_to_the_device_the_model_is_on(prepared):
+    """Not the CPU alone: an MPS model fed CPU windows fails at its first step. torch's 'meta'
+    device stands in for one here; a step's windows are the same on every device."""
+    c = config(data_dir=str(prepared / 'data'), vocab_size=257)
+    x, y = train.get_batch(c, 3, torch.device('meta'))
+    cpu_x, cpu_y = train.get_batch(c, 3, torch.device('cpu'))
+    assert x.device.type == y.device.type == 'meta' and cpu_x.device.type == 'cpu'
+    assert x.shape == cpu_x.shape == (c.batch_size * c.grad_accum, c.block_size)
+
+
 def test_data_of_another_vocabulary_is_refused(prepared):
     out = run('train.py', 'config/moe.py', f'--data_dir={prepared / "data"}',
               f'--out_dir={prepared / "wrong_vocab"}')
