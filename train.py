@@ -683,8 +683,8 @@ class Meter:
     """A training line's figures since the last: each loss's mean over the micro-batches (summed
     on the device: no host sync), the first step whose loss was not finite, and tokens/s."""
 
-    def __init__(self, c, start, iters, device, world):
-        self.c, self.iters, self.world = c, iters, world
+    def __init__(self, c, start, iters, tokens_per_iter, device, world):
+        self.c, self.iters, self.tokens_per_iter, self.world = c, iters, tokens_per_iter, world
         self.names = ('loss', 'ce', *AUX_LOSSES)  # a dense model's terms are the first two
         self.sums, self.n = 0, 0
         self.first_bad = torch.tensor(iters, device=device)  # iters: none yet
@@ -718,8 +718,7 @@ class Meter:
                             'learning_rate')
         means = runs.mean_over_processes(self.sums / self.n, self.world)
         now = time.time()
-        tok_per_s = (done - self.last) * self.c.batch_size * self.c.grad_accum \
-            * self.c.block_size / (now - self.t_last)
+        tok_per_s = (done - self.last) * self.tokens_per_iter / (now - self.t_last)
         self.sums, self.n, self.last, self.t_last = 0, 0, done, now
         return {**so_far(done, self.c), **dict(zip(self.names, means.tolist())),
                 'tok_per_s': tok_per_s}
@@ -768,7 +767,7 @@ def run(c):
         log = runs.start_run(c, facts, last_saved, moe_layout(c))
         if device.type == 'cpu':  # a config made for a GPU says so before its first evaluation
             runs.warn_if_beyond_a_cpu(model, c, get_batch(c, start, device), iters)
-    meter = Meter(c, start, iters, device, world)
+    meter = Meter(c, start, iters, tokens_per_iter, device, world)
 
     def save_checkpoint(name, it, best_val):
         with meter.paused():  # saving is not training: left out of tokens per second
