@@ -169,7 +169,8 @@ def test_colour_codes_go_to_a_terminal_without_no_color_alone(tmp_path, monkeypa
 
 def test_stats_name_their_files_and_say_what_their_symbols_stand_for(tmp_path, monkeypatch,
                                                                      capsys):
-    """é is 2 bytes, each no character alone: <195> and <169> in the ranking, as the legend says."""
+    """é is 2 bytes, each no character alone: <195> and <169> in the ranking, as the legend
+    says."""
     monkeypatch.setattr(route, 'MIN_COUNT', 1)
     c, model = hand_routed()
     save_run(tmp_path, 'latest.pt', c, model)

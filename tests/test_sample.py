@@ -18,7 +18,8 @@ def test_sample_prints_each_character_once_its_last_byte_comes(capsys):
         for i in ids:
             printed.append(capsys.readouterr().out)
             yield i
-    sample.print_streaming(tok, [tok.eot_id, *b'once '], tokens([*'Zoë 🐱!'.encode(), tok.eot_id]))
+    text = [*'Zoë 🐱!'.encode(), tok.eot_id]
+    sample.print_streaming(tok, [tok.eot_id, *b'once '], tokens(text))
     printed.append(capsys.readouterr().out)
     assert printed == ['once ', 'Z', 'o', '', 'ë', ' ', '', '', '', '🐱', '!', '\n']
     # bytes that are no character stay \ufffd, as in the text decoded at the end
